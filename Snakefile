@@ -1,0 +1,29 @@
+# pwopsd-repro: reproduction workflow for "When Are Teacher Tokens Reliable? Position-Weighted
+# On-Policy Self-Distillation for Reasoning" (PW-OPSD).
+#
+#   snakemake <target>                      paper configuration (config/config.yaml)
+#   snakemake --directory tiny              tiny end-to-end run on a CPU (tiny/config/config.yaml)
+#   snakemake --profile slurm <target>      Slurm cluster
+#
+# Paths below are relative to the working directory, so a run with --directory keeps its config
+# and its results apart.
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/models.smk"
+include: "workflow/rules/generate.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        all_generations(),
+        all_data(),

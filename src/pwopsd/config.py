@@ -1,0 +1,184 @@
+"""Configuration validation and the small helpers rules use to read a validated config.
+
+``validate_config`` checks a config dict against ``workflow/schemas/config.schema.yaml`` (JSON
+Schema draft 2020-12), fills in schema defaults, then runs the cross-field checks a schema cannot
+express. Every problem becomes one line naming the config key, e.g.
+``models.qwen3_4b.dtype: 'bf16' is not one of ['bfloat16', 'float16', 'float32']``; all
+problems are reported at once in a :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+MAIN_SEED = "main"
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message lists every problem with its key."""
+
+
+def load_schema(path: str | Path | None = None) -> dict:
+    with open(path or SCHEMA_PATH) as fh:
+        return yaml.safe_load(fh)
+
+
+def _key(path) -> str:
+    parts = [str(p) for p in path]
+    return ".".join(parts) if parts else "<top level>"
+
+
+def _message(error) -> str:
+    """One readable line for a jsonschema error, naming the offending key."""
+    path = list(error.absolute_path)
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = set(error.schema.get("properties", {}))
+        extra = sorted(k for k in error.instance if k not in allowed)
+        if extra:
+            return "; ".join(f"{_key(path + [k])}: unknown key" + (f" (allowed: {', '.join(sorted(allowed))})" if allowed else "") for k in extra)
+    if error.validator == "required":
+        missing = error.message.split("'")[1] if "'" in error.message else error.message
+        return f"{_key(path + [missing])}: required key is missing"
+    if error.validator == "propertyNames" or "propertyNames" in list(error.schema_path):
+        return f"{_key(path)}: key {error.instance!r} is not a valid name (lowercase letters, digits, underscores)"
+    if error.validator in ("anyOf", "oneOf") and path[-2:-1] == ["seeds"]:
+        return f"{_key(path)}: {error.instance!r} is not a seed (use \"main\" or a non-negative integer)"
+    return f"{_key(path)}: {error.message}"
+
+
+def _fill_defaults(instance: Any, schema: dict, root: dict) -> None:
+    """Insert ``default`` values of the schema into ``instance`` (in place), recursively."""
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        assert ref.startswith("#/"), ref
+        target = root
+        for part in ref[2:].split("/"):
+            target = target[part]
+        _fill_defaults(instance, target, root)
+    for sub in schema.get("allOf", []):
+        cond = sub.get("if")
+        if cond is not None and isinstance(instance, dict):
+            kind = cond.get("properties", {}).get("kind", {}).get("const")
+            if kind is not None and instance.get("kind") == kind:
+                _fill_defaults(instance, sub.get("then", {}), root)
+    if not isinstance(instance, dict):
+        return
+    for name, sub in schema.get("properties", {}).items():
+        if not isinstance(sub, dict):
+            continue
+        if name not in instance and "default" in sub:
+            instance[name] = copy.deepcopy(sub["default"])
+        if name in instance:
+            _fill_defaults(instance[name], sub, root)
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):
+        for name, value in instance.items():
+            if name not in schema.get("properties", {}):
+                _fill_defaults(value, extra, root)
+
+
+def _semantic_problems(cfg: dict) -> list[str]:
+    problems = []
+    for name, m in cfg["models"].items():
+        has_hub, built = "hf_id" in m, "built_by" in m
+        if has_hub == built:
+            problems.append(f"models.{name}: set exactly one of hf_id (a Hub model) or built_by (built by the workflow)")
+        if built and m.get("built_by") == "tiny" and "tiny" not in cfg:
+            problems.append(f"models.{name}.built_by: 'tiny' needs a top-level 'tiny' section")
+        v = m.get("vllm", {})
+        tp, dp = v.get("tensor_parallel_size", 1), v.get("data_parallel_size", 1)
+        if m["gpus"]["generate"] > 0 and tp * dp != m["gpus"]["generate"]:
+            problems.append(
+                f"models.{name}.vllm: tensor_parallel_size ({tp}) x data_parallel_size ({dp}) must equal "
+                f"models.{name}.gpus.generate ({m['gpus']['generate']})"
+            )
+    ev = cfg["evaluation"]
+    for i, model in enumerate(ev.get("models", [])):
+        if model not in cfg["models"]:
+            problems.append(f"evaluation.models.{i}: {model!r} is not a configured model ({', '.join(cfg['models'])})")
+    if ev["max_new_tokens"] >= ev["max_model_len"]:
+        problems.append(
+            f"evaluation.max_new_tokens: {ev['max_new_tokens']} leaves no room for the prompt within "
+            f"evaluation.max_model_len={ev['max_model_len']}"
+        )
+    if ev.get("backend") == "vllm" and any(m["gpus"]["generate"] == 0 for m in cfg["models"].values()):
+        zero = [n for n, m in cfg["models"].items() if m["gpus"]["generate"] == 0]
+        problems.append(f"evaluation.backend: 'vllm' needs GPUs but models.{zero[0]}.gpus.generate is 0 (use 'hf')")
+    if ev["temperature"] == 0 and ev["n"] > 1:
+        problems.append("evaluation.temperature: 0 (greedy) with evaluation.n > 1 gives identical samples")
+    tiny = cfg.get("tiny")
+    if tiny and "student_accuracy_range" in tiny:
+        lo, hi = tiny["student_accuracy_range"]
+        if lo >= hi:
+            problems.append(f"tiny.student_accuracy_range: lower bound {lo} must be below upper bound {hi}")
+    return problems
+
+
+def validate_config(config: dict, schema: dict | None = None) -> dict:
+    """Return a validated copy of ``config`` with defaults filled in, or raise :class:`ConfigError`."""
+    from jsonschema import Draft202012Validator
+
+    schema = schema or load_schema()
+    cfg = copy.deepcopy(config)
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"<top level>: the config must be a mapping, got {type(cfg).__name__}")
+    errors = sorted(Draft202012Validator(schema).iter_errors(cfg), key=lambda e: list(map(str, e.absolute_path)))
+    lines = []
+    for err in errors:
+        # An if/then branch reports its inner errors; skip the uninformative wrappers.
+        if err.validator in ("if", "allOf") and err.context:
+            for sub in err.context:
+                lines.append(_message(sub))
+            continue
+        lines.append(_message(err))
+    if not lines:
+        _fill_defaults(cfg, schema, schema)
+        lines = _semantic_problems(cfg)
+    if lines:
+        unique = list(dict.fromkeys(lines))
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(unique))
+    return cfg
+
+
+def load_config(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    with open(path) as fh:
+        try:
+            raw = yaml.safe_load(fh)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    return validate_config(raw or {})
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers used by rules (pure functions of a validated config).
+
+
+def seed_names(cfg: dict) -> list[str]:
+    return [str(s) for s in cfg["evaluation"]["seeds"]]
+
+
+def sampling_seed(cfg: dict, seed_name: str) -> int | None:
+    """The per-request seed for an evaluation seed name ("main" maps to ``evaluation.main_seed``)."""
+    if seed_name == MAIN_SEED:
+        return cfg["evaluation"]["main_seed"]
+    return int(seed_name)
+
+
+def eval_models(cfg: dict) -> list[str]:
+    return list(cfg["evaluation"].get("models") or cfg["models"])
+
+
+def hub_models(cfg: dict) -> list[str]:
+    return [m for m, e in cfg["models"].items() if "hf_id" in e]
+
+
+def built_models(cfg: dict) -> list[str]:
+    return [m for m, e in cfg["models"].items() if "built_by" in e]

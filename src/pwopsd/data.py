@@ -1,0 +1,156 @@
+"""Benchmark and training-corpus preparation.
+
+Each dataset entry in the config has a ``source`` (``hf``: Hub dataset id + split + revision;
+``local``: a jsonl/json/csv/parquet file with an optional SHA-256; ``tiny``: synthetic arithmetic)
+and a ``columns`` mapping. :func:`prepare_dataset` turns it into a normalized table with the
+columns ``id, problem, answer`` (+ ``solution`` when mapped) followed by the remaining source
+fields, and a manifest recording what was used (source, revision, checksums, row count).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .io import sha256_file
+
+NORMALIZED = ("id", "problem", "answer", "solution")
+
+
+class DataError(ValueError):
+    """A dataset could not be prepared; the message names the config key or the file."""
+
+
+def _read_local(path: Path, key: str) -> pd.DataFrame:
+    suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
+    try:
+        if suffix in (".jsonl", ".jsonl.gz"):
+            return pd.read_json(path, lines=True, dtype=False)
+        if suffix == ".json":
+            return pd.read_json(path, dtype=False)
+        if suffix == ".csv":
+            return pd.read_csv(path, dtype=str, keep_default_na=False)
+        if suffix == ".parquet":
+            return pd.read_parquet(path)
+    except ValueError as exc:
+        raise DataError(f"{key}: could not read {path}: {exc}") from None
+    raise DataError(f"{key}: unsupported file type {path.suffix!r} for {path} (use .jsonl, .json, .csv or .parquet)")
+
+
+def load_local(source: dict, key: str, base_dir: str | Path = ".") -> tuple[pd.DataFrame, dict]:
+    path = Path(base_dir) / source["path"]
+    if not path.is_file():
+        raise DataError(f"{key}.path: file {path} does not exist")
+    digest = sha256_file(path)
+    expected = source.get("sha256")
+    if expected and digest != expected:
+        raise DataError(f"{key}.sha256: checksum mismatch for {path}: expected {expected}, got {digest}")
+    return _read_local(path, key), {"kind": "local", "path": str(source["path"]), "sha256": digest, "sha256_verified": bool(expected)}
+
+
+def _configure_offline(hub: dict) -> None:
+    if hub.get("offline"):
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        os.environ["HF_DATASETS_OFFLINE"] = "1"
+        try:
+            import datasets.config
+
+            datasets.config.HF_HUB_OFFLINE = True
+        except ImportError:
+            pass
+
+
+def load_hf(source: dict, key: str, hub: dict) -> tuple[pd.DataFrame, dict]:
+    """Load a Hub dataset split at a pinned revision (honours HF_HUB_OFFLINE and the cache dir)."""
+    _configure_offline(hub)
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(
+            source["dataset"],
+            source.get("config_name"),
+            split=source["split"],
+            revision=source["revision"],
+            cache_dir=hub.get("cache_dir"),
+        )
+    except Exception as exc:  # datasets raises many types (connection, missing revision, ...)
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        hint = " (offline mode: is it in the cache?)" if offline else ""
+        raise DataError(
+            f"{key}: could not load Hub dataset {source['dataset']} split={source['split']} "
+            f"revision={source['revision']}{hint}: {type(exc).__name__}: {exc}"
+        ) from None
+    files = [f["filename"] for f in ds.cache_files]
+    prov = {
+        "kind": "hf",
+        "dataset": source["dataset"],
+        "split": source["split"],
+        "revision": source["revision"],
+        "fingerprint": getattr(ds, "_fingerprint", None),
+        "cache_files_sha256": {Path(f).name: sha256_file(f) for f in files},
+        "datasets_version": datasets.__version__,
+    }
+    return ds.to_pandas(), prov
+
+
+def load_tiny(source: dict) -> tuple[pd.DataFrame, dict]:
+    from .tiny.arithmetic import problems_frame, sample_problems
+
+    problems = sample_problems(source["seed"], source["n"], list(source["levels"]), source.get("max_operand", 30))
+    prefix = "arith-" + "".join(str(lv) for lv in source["levels"]) + f"-s{source['seed']}"
+    return problems_frame(problems, prefix), {"kind": "tiny", **{k: source[k] for k in sorted(source) if k != "kind"}}
+
+
+def normalize(df: pd.DataFrame, columns: dict, key: str) -> pd.DataFrame:
+    """Rename mapped columns to ``id, problem, answer[, solution]``; keep other fields after them."""
+    mapping = {"id": columns.get("id", "id"), "problem": columns.get("problem", "problem"),
+               "answer": columns.get("answer", "answer"), "solution": columns.get("solution")}
+    available = list(df.columns)
+    for field, col in mapping.items():
+        if col is not None and col not in df.columns:
+            raise DataError(f"{key}.columns.{field}: column {col!r} not in the source (available: {', '.join(map(str, available))})")
+    out = pd.DataFrame()
+    out["id"] = df[mapping["id"]].astype(str) if mapping["id"] is not None else [str(i) for i in range(len(df))]
+    out["problem"] = df[mapping["problem"]].astype(str)
+    out["answer"] = df[mapping["answer"]].map(lambda a: "" if a is None else str(a))
+    if mapping["solution"] is not None:
+        out["solution"] = df[mapping["solution"]].astype(str)
+    used = {c for c in mapping.values() if c is not None}
+    for col in df.columns:
+        if col not in used and col not in out.columns:
+            values = df[col]
+            # Keep scalar source fields; nested ones are stringified so parquet stays flat.
+            if values.map(lambda v: isinstance(v, (list, dict))).any():
+                values = values.map(str)
+            out[col] = values.values
+    if out["id"].duplicated().any():
+        dup = out.loc[out["id"].duplicated(), "id"].iloc[0]
+        raise DataError(f"{key}.columns.id: ids are not unique (e.g. {dup!r})")
+    if (out["problem"].str.strip() == "").any():
+        raise DataError(f"{key}: {int((out['problem'].str.strip() == '').sum())} rows have an empty problem")
+    return out
+
+
+def prepare_dataset(entry: dict, key: str, hub: dict | None = None, base_dir: str | Path = ".") -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Load, normalize and check one dataset entry; returns (table, manifest)."""
+    source = entry["source"]
+    kind = source["kind"]
+    if kind == "hf":
+        raw, prov = load_hf(source, f"{key}.source", hub or {})
+    elif kind == "local":
+        raw, prov = load_local(source, f"{key}.source", base_dir)
+    elif kind == "tiny":
+        raw, prov = load_tiny(source)
+    else:  # the schema rejects this first
+        raise DataError(f"{key}.source.kind: unknown kind {kind!r}")
+    df = normalize(raw, entry.get("columns", {}), key)
+    expected = entry.get("expected_rows")
+    if expected is not None and len(df) != expected:
+        raise DataError(f"{key}.expected_rows: expected {expected} rows, the source has {len(df)}")
+    if (df["answer"].str.strip() == "").any():
+        raise DataError(f"{key}: {int((df['answer'].str.strip() == '').sum())} rows have an empty answer")
+    manifest = {"name": key.split(".")[-1], "rows": len(df), "columns": list(df.columns), "source": prov}
+    return df, manifest

@@ -1,0 +1,195 @@
+"""Hugging Face transformers backend: batched sampling with a KV cache on CPU or one GPU.
+
+It runs its own decode loop rather than ``model.generate`` so that every sample has its own
+``torch.Generator`` (seed ``request.seed + j``, the vLLM convention). A sample's tokens then
+depend only on its prompt, its seed and the model, not on which other prompts share its batch.
+
+Efficiency: rows are sorted by prompt length to keep left padding small, logits are computed for
+the last position only, and rows that finish are dropped from the batch and its KV cache.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import torch
+
+from . import FINISH_LENGTH, FINISH_STOP, Completion, GenerationRequest
+
+log = logging.getLogger(__name__)
+
+
+def filter_and_sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> torch.Tensor:
+    """Sample one token per row from ``logits`` ``[B, V]`` with per-row settings.
+
+    Rows with ``temperature == 0`` take the argmax. Others are scaled by their temperature, cut to
+    the ``top_k`` most likely tokens (``top_k <= 0``: no cut), then to the smallest set whose
+    probability reaches ``top_p`` (the most likely token is always kept), renormalized, and
+    sampled by inverse CDF with the row's uniform draw ``uniforms[b]`` in ``[0, 1)``.
+    """
+    logits = logits.float()
+    greedy = temperature <= 0
+    safe_t = torch.where(greedy, torch.ones_like(temperature), temperature)
+    sorted_logits, sorted_idx = torch.sort(logits / safe_t[:, None], dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    ranks = torch.arange(vocab, device=logits.device)[None, :]
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
+    sorted_logits = sorted_logits.masked_fill(ranks >= k[:, None], float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    cum = probs.cumsum(dim=-1)
+    # Drop a token when the mass strictly before it already reaches top_p.
+    drop = (cum - probs) >= top_p[:, None]
+    drop[:, 0] = False
+    probs = probs.masked_fill(drop, 0.0)
+    cdf = probs.cumsum(dim=-1)
+    target = uniforms[:, None].to(cdf.dtype) * cdf[:, -1:]
+    choice = torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1)
+    sampled = sorted_idx.gather(-1, choice).squeeze(-1)
+    return torch.where(greedy, logits.argmax(dim=-1), sampled)
+
+
+class HFBackend:
+    name = "hf"
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        batch_size: int = 64,
+        default_seed: int = 0,
+        eos_ids: Sequence[int] | None = None,
+        progress: bool = False,
+    ):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.batch_size = int(batch_size)
+        self.default_seed = int(default_seed)
+        self.device = next(model.parameters()).device
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.eos_ids = tuple(sorted(set(eos_ids if eos_ids is not None else default_eos_ids(model, tokenizer))))
+        self.progress = progress
+        self.tokens_generated = 0
+
+    def versions(self) -> dict[str, str]:
+        import transformers
+
+        return {"backend": "hf", "torch": torch.__version__, "transformers": transformers.__version__}
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
+        rows = [(i, j) for i, req in enumerate(requests) for j in range(req.n)]
+        # Longest prompts first, so each batch has similar lengths (little padding).
+        rows.sort(key=lambda r: (-len(requests[r[0]].prompt_ids), r))
+        out: list[list[Completion | None]] = [[None] * req.n for req in requests]
+        bar = None
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(rows), desc="generate", unit="sample", mininterval=5)
+        for start in range(0, len(rows), self.batch_size):
+            chunk = rows[start : start + self.batch_size]
+            for (i, j), completion in zip(chunk, self._generate_batch([(requests[i], j) for i, j in chunk])):
+                out[i][j] = completion
+            if bar is not None:
+                bar.update(len(chunk))
+        if bar is not None:
+            bar.close()
+        return out  # type: ignore[return-value]
+
+    @torch.inference_mode()
+    def _generate_batch(self, items: list[tuple[GenerationRequest, int]]) -> list[Completion]:
+        dev = self.device
+        b = len(items)
+        plen = max(len(req.prompt_ids) for req, _ in items)
+        ids = torch.full((b, plen), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((b, plen), dtype=torch.long)
+        for r, (req, _) in enumerate(items):
+            ids[r, plen - len(req.prompt_ids) :] = torch.tensor(req.prompt_ids)
+            attn[r, plen - len(req.prompt_ids) :] = 1
+        ids, attn = ids.to(dev), attn.to(dev)
+        pos = (attn.cumsum(-1) - 1).clamp_(min=0)
+
+        temperature = torch.tensor([req.temperature for req, _ in items], device=dev)
+        top_p = torch.tensor([req.top_p for req, _ in items], device=dev)
+        top_k = torch.tensor([req.top_k for req, _ in items], device=dev)
+        max_new = [req.max_new_tokens for req, _ in items]
+        stops = [set(self.eos_ids) | set(req.stop_ids) for req, _ in items]
+        gens = []
+        for req, j in items:
+            g = torch.Generator(device="cpu")
+            g.manual_seed(req.sample_seed(j, self.default_seed))
+            gens.append(g)
+
+        generated: list[list[int]] = [[] for _ in range(b)]
+        finish: list[str | None] = [None] * b
+        alive = list(range(b))  # original row index of each row still in the batch
+        cache = None
+        step_ids, step_attn, step_pos = ids, attn, pos
+        step = 0
+        while alive:
+            outputs = self.model(
+                input_ids=step_ids,
+                attention_mask=step_attn,
+                position_ids=step_pos,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            cache = outputs.past_key_values
+            logits = outputs.logits[:, -1, :]
+            sel = torch.tensor(alive, device=dev)
+            uniforms = torch.tensor([torch.rand((), generator=gens[r]).item() for r in alive], device=dev)
+            tokens = filter_and_sample(logits, temperature[sel], top_p[sel], top_k[sel], uniforms).tolist()
+            step += 1
+            keep = []
+            for slot, (r, tok) in enumerate(zip(alive, tokens)):
+                generated[r].append(tok)
+                if tok in stops[r]:
+                    finish[r] = FINISH_STOP
+                elif len(generated[r]) >= max_new[r]:
+                    finish[r] = FINISH_LENGTH
+                else:
+                    keep.append(slot)
+            self.tokens_generated += len(tokens)
+            if not keep:
+                break
+            last_tok = torch.tensor(tokens, device=dev)[:, None]
+            last_pos = step_pos[:, -1:] + 1
+            if len(keep) < len(alive):
+                idx = torch.tensor(keep, device=dev)
+                cache.batch_select_indices(idx)
+                attn = attn.index_select(0, idx)
+                last_tok, last_pos = last_tok.index_select(0, idx), last_pos.index_select(0, idx)
+                alive = [alive[s] for s in keep]
+            attn = torch.cat([attn, torch.ones((len(alive), 1), dtype=attn.dtype, device=dev)], dim=1)
+            step_ids, step_attn, step_pos = last_tok, attn, last_pos
+
+        return [
+            Completion(
+                token_ids=generated[r],
+                text=self.tokenizer.decode(generated[r], skip_special_tokens=True),
+                finish_reason=finish[r] or FINISH_LENGTH,
+            )
+            for r in range(b)
+        ]
+
+
+def default_eos_ids(model, tokenizer) -> list[int]:
+    """EOS ids from the tokenizer and the model's generation config (which may list several)."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_cfg = getattr(model, "generation_config", None)
+    eos = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif eos:
+        ids.update(int(e) for e in eos)
+    return sorted(ids)

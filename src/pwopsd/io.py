@@ -1,0 +1,76 @@
+"""Atomic, self-describing file output.
+
+Every result file is written to a temporary sibling first and renamed into place, so an
+interrupted job never leaves a half-written output that Snakemake (or a user) could mistake
+for a finished one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+
+def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
+    """SHA-256 hex digest of a file, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk_size), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; rename it onto ``path`` only on success.
+
+    Works for files and for directories (e.g. ``save_pretrained`` targets).
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    target = tmp / final.name
+    try:
+        yield target
+        if final.is_dir() and not final.is_symlink():
+            import shutil
+
+            shutil.rmtree(final)
+        os.replace(target, final)
+    finally:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_json(obj: Any, path: str | os.PathLike) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_parquet(df, path: str | os.PathLike, metadata: dict[str, Any] | None = None) -> None:
+    """Write a pandas DataFrame as parquet atomically; ``metadata`` is stored as JSON in the
+    file's key-value metadata under ``pwopsd`` (read it back with :func:`read_parquet_metadata`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    if metadata is not None:
+        kv = dict(table.schema.metadata or {})
+        kv[b"pwopsd"] = json.dumps(metadata, sort_keys=True, default=str).encode()
+        table = table.replace_schema_metadata(kv)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def read_parquet_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    import pyarrow.parquet as pq
+
+    kv = pq.read_schema(path).metadata or {}
+    raw = kv.get(b"pwopsd")
+    return json.loads(raw) if raw else {}

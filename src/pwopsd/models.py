@@ -1,0 +1,99 @@
+"""Model checkpoints: resolving, recording and loading them.
+
+Every model a rule uses is described by a small *model manifest* JSON
+(``results/models/{model}/base.json``): where the weights are on disk, which Hub id and
+revision (or which build) they come from, and checksums. Hub models are resolved with
+``huggingface_hub.snapshot_download`` (pinned revision, cache dir, ``HF_HUB_OFFLINE`` honoured);
+tiny models point at the directory their build rule wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
+
+
+class ModelError(RuntimeError):
+    """A model could not be resolved or loaded; the message names the config key."""
+
+
+def _lfs_sha256(path: Path) -> str | None:
+    """HF cache blobs of LFS files are named by their SHA-256; read it off the symlink target."""
+    target = Path(os.path.realpath(path)).name
+    return target if len(target) == 64 and all(c in "0123456789abcdef" for c in target) else None
+
+
+def resolve_hub_model(name: str, entry: dict, hub: dict) -> dict[str, Any]:
+    """Download (or find in the cache) a Hub model at its pinned revision; return its manifest."""
+    if hub.get("offline"):
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = snapshot_download(
+            repo_id=entry["hf_id"],
+            revision=entry["revision"],
+            cache_dir=hub.get("cache_dir"),
+            allow_patterns=WEIGHT_PATTERNS,
+        )
+    except Exception as exc:
+        raise ModelError(
+            f"models.{name}.hf_id: could not fetch {entry['hf_id']} at revision {entry['revision']} "
+            f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}): {type(exc).__name__}: {exc}"
+        ) from None
+    root = Path(path)
+    files = {}
+    for f in sorted(root.rglob("*")):
+        if f.is_file():
+            files[str(f.relative_to(root))] = _lfs_sha256(f)
+    return {
+        "model": name,
+        "kind": "hub",
+        "path": str(root),
+        "hf_id": entry["hf_id"],
+        "revision": entry["revision"],
+        "resolved_commit": root.name,
+        "dtype": entry["dtype"],
+        "files_sha256": files,
+    }
+
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
+
+
+def load_tokenizer(manifest: dict):
+    from transformers import AutoTokenizer
+
+    path = manifest["path"]
+    if not Path(path).exists():
+        raise ModelError(f"model {manifest.get('model')}: checkpoint directory {path} does not exist")
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_model(manifest: dict, device: str = "cpu", dtype: str | None = None):
+    """Load a causal LM from a manifest's local path in the configured dtype."""
+    from transformers import AutoModelForCausalLM
+
+    path = manifest["path"]
+    if not Path(path).exists():
+        raise ModelError(f"model {manifest.get('model')}: checkpoint directory {path} does not exist")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype or manifest["dtype"]))
+    return model.to(device).eval()
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,105 @@
+"""Prompt templates of the paper and the reference implementation, verbatim.
+
+Three user messages exist (``../shared/spec/reference_implementation.md`` §1.3):
+
+* the **student** training message  ``Problem: {problem}\\n\\nPlease reason ...``
+  rendered with ``enable_thinking=False`` and the *think-closure* rule;
+* the **privileged teacher** training message (problem + reference solution), rendered with
+  ``enable_thinking=True`` and *no* think-closure (the reference closes only student prompts);
+* the **evaluation** message ``{problem}\\n\\nPlease reason ...`` rendered with
+  ``enable_thinking=True`` and no think-closure.
+
+Placeholders are substituted with ``str.replace`` rather than ``str.format`` because the
+templates contain literal braces (``\\boxed{}``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+STUDENT_TRAIN_TEMPLATE = "Problem: {problem}\n\n" + BOXED_INSTRUCTION
+
+# transition_prompt starts with "\n\n" and ends with ":\n"; note the em-dash (U+2014).
+TEACHER_TRANSITION = (
+    "\n\nAfter reading the reference solution above, make sure you truly understand the reasoning "
+    "behind each step \u2014 do not copy or paraphrase it. Now, using your own words and independent "
+    "reasoning, derive the same final answer to the problem above. Think step by step, explore "
+    "different approaches, and don't be afraid to backtrack or reconsider if something doesn't "
+    "work out:\n"
+)
+
+TEACHER_TRAIN_TEMPLATE = (
+    "Problem: {problem}\n\n"
+    + "Here is a reference solution to this problem:\n"
+    + "=== Reference Solution Begin ===\n{solution}\n=== Reference Solution End ===\n"
+    + TEACHER_TRANSITION
+    + "\n"
+    + BOXED_INSTRUCTION
+)
+
+EVAL_TEMPLATE = "{problem}\n\n" + BOXED_INSTRUCTION
+
+# An unclosed <think> at the very end of a rendered prompt.
+OPEN_THINK_AT_END = re.compile(r"<think\s*>\s*$")
+THINK_CLOSURE = "</think>\n\n"
+
+
+def student_message(problem: str) -> str:
+    return STUDENT_TRAIN_TEMPLATE.replace("{problem}", problem)
+
+
+def teacher_message(problem: str, solution: str) -> str:
+    # Substitute the solution first so that a "{problem}" inside a solution text stays literal.
+    return TEACHER_TRAIN_TEMPLATE.replace("{solution}", solution).replace("{problem}", problem, 1)
+
+
+def eval_message(problem: str) -> str:
+    return EVAL_TEMPLATE.replace("{problem}", problem)
+
+
+def apply_think_closure(rendered: str) -> str:
+    """Append ``</think>\\n\\n`` when a rendered prompt ends in an open ``<think>`` tag."""
+    if OPEN_THINK_AT_END.search(rendered):
+        return rendered + THINK_CLOSURE
+    return rendered
+
+
+@dataclass(frozen=True)
+class PromptStyle:
+    """How one kind of prompt is rendered through a model's chat template."""
+
+    name: str
+    enable_thinking: bool
+    think_closure: bool
+
+
+STUDENT = PromptStyle("student", enable_thinking=False, think_closure=True)
+TEACHER = PromptStyle("teacher", enable_thinking=True, think_closure=False)
+EVAL = PromptStyle("eval", enable_thinking=True, think_closure=False)
+PROMPT_STYLES = {s.name: s for s in (STUDENT, TEACHER, EVAL)}
+
+
+def render(tokenizer, user_message: str, style: PromptStyle, *, think_closure: bool = True) -> str:
+    """Render one user turn with the tokenizer's chat template, generation prompt appended.
+
+    ``think_closure`` is the model entry's switch (``chat_template.think_closure``); it only has
+    an effect for styles that use the closure (the student style).
+    """
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": user_message}],
+        tokenize=False,
+        add_generation_prompt=True,
+        enable_thinking=style.enable_thinking,
+    )
+    if style.think_closure and think_closure:
+        text = apply_think_closure(text)
+    return text
+
+
+def encode(tokenizer, rendered: str, *, add_special_tokens: bool) -> list[int]:
+    """Token ids of a rendered prompt (``add_special_tokens`` per model entry; the reference
+    implementation tokenizes with the default ``True``, which doubles the BOS on Llama)."""
+    return list(tokenizer(rendered, add_special_tokens=add_special_tokens)["input_ids"])

@@ -1,0 +1,190 @@
+"""Sampling a model on a benchmark: prompts -> requests -> generations table, resumable.
+
+A generation job at paper scale (7,080 samples of up to 38,912 tokens) runs for hours, so it works
+through the benchmark in shards of problems. Each finished shard is saved under
+``<output>.partial/<fingerprint>/`` (not a declared output; the fingerprint hashes everything that
+determines the samples), a restarted job skips finished shards, and the final parquet is written
+atomically at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+from . import prompts
+from .generation import Backend, GenerationRequest
+from .io import write_parquet
+
+log = logging.getLogger(__name__)
+
+
+class PromptTooLongError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+    max_model_len: int
+    seed: int | None
+    min_p: float = 0.0
+
+    @classmethod
+    def from_evaluation(cls, evaluation: dict, seed: int | None) -> "SamplingConfig":
+        return cls(
+            n=int(evaluation["n"]),
+            temperature=float(evaluation["temperature"]),
+            top_p=float(evaluation["top_p"]),
+            top_k=int(evaluation["top_k"]),
+            max_new_tokens=int(evaluation["max_new_tokens"]),
+            max_model_len=int(evaluation["max_model_len"]),
+            seed=seed,
+            min_p=float(evaluation.get("min_p", 0.0)),
+        )
+
+    def request(self, prompt_ids: Sequence[int]) -> GenerationRequest:
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise PromptTooLongError(f"prompt of {len(prompt_ids)} tokens does not fit max_model_len={self.max_model_len}")
+        return GenerationRequest(
+            prompt_ids=tuple(int(t) for t in prompt_ids),
+            n=self.n,
+            seed=self.seed,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens=min(self.max_new_tokens, room),
+        )
+
+
+def eval_prompt_ids(tokenizer, problems: Sequence[str], *, enable_thinking: bool, add_special_tokens: bool) -> list[list[int]]:
+    """Token ids of the evaluation prompt for each problem (reference: no think-closure)."""
+    style = prompts.PromptStyle("eval", enable_thinking=enable_thinking, think_closure=False)
+    return [
+        prompts.encode(tokenizer, prompts.render(tokenizer, prompts.eval_message(p), style), add_special_tokens=add_special_tokens)
+        for p in problems
+    ]
+
+
+def fingerprint(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def sample_benchmark(
+    backend: Backend,
+    problem_ids: Sequence[str],
+    prompt_ids: Sequence[Sequence[int]],
+    sampling: SamplingConfig,
+    *,
+    output: str | Path,
+    metadata: dict[str, Any],
+    shard_size: int = 100,
+) -> pd.DataFrame:
+    """Generate ``sampling.n`` samples per problem and write the generations parquet at ``output``."""
+    output = Path(output)
+    fp = fingerprint({"meta": metadata, "sampling": sampling.__dict__, "ids": list(problem_ids), "prompts": [list(p) for p in prompt_ids]})
+    partial = output.parent / f".{output.name}.partial" / fp
+    partial.mkdir(parents=True, exist_ok=True)
+    frames = []
+    n_shards = (len(problem_ids) + shard_size - 1) // shard_size
+    t0 = time.time()
+    for s in range(n_shards):
+        shard_file = partial / f"shard-{s:05d}.parquet"
+        if shard_file.exists():
+            log.info("shard %d/%d already done, reusing %s", s + 1, n_shards, shard_file)
+            frames.append(pd.read_parquet(shard_file))
+            continue
+        lo, hi = s * shard_size, min(len(problem_ids), (s + 1) * shard_size)
+        requests = [sampling.request(p) for p in prompt_ids[lo:hi]]
+        results = backend.generate(requests)
+        rows = []
+        for pid, req, completions in zip(problem_ids[lo:hi], requests, results):
+            for j, c in enumerate(completions):
+                rows.append(
+                    {
+                        "problem_id": pid,
+                        "sample_index": j,
+                        "text": c.text,
+                        "num_tokens": len(c.token_ids),
+                        "finish_reason": c.finish_reason,
+                        "prompt_tokens": len(req.prompt_ids),
+                    }
+                )
+        frame = pd.DataFrame(rows)
+        write_parquet(frame, shard_file)
+        frames.append(frame)
+        log.info("shard %d/%d: %d samples (%.1fs elapsed)", s + 1, n_shards, len(frame), time.time() - t0)
+    table = pd.concat(frames, ignore_index=True)
+    meta = {**metadata, "sampling": sampling.__dict__, "backend": backend.versions(), "seconds": round(time.time() - t0, 3)}
+    write_parquet(table, output, metadata=meta)
+    shutil.rmtree(partial.parent, ignore_errors=True)
+    return table
+
+
+def make_backend(name: str, manifest: dict, model_entry: dict, evaluation: dict, *, tokenizer=None, progress: bool = True) -> Backend:
+    """The configured generation backend for a checkpoint (``hf``: loaded here; ``vllm``: lazily)."""
+    from .generation import get_backend
+    from .models import default_device, load_model
+
+    if name == "hf":
+        model = load_model(manifest, device=default_device())
+        return get_backend("hf", model=model, tokenizer=tokenizer, batch_size=evaluation.get("hf_batch_size", 64), progress=progress)
+    vllm_cfg = model_entry.get("vllm", {})
+    return get_backend(
+        "vllm",
+        model_path=manifest["path"],
+        dtype=model_entry["dtype"],
+        max_model_len=int(evaluation["max_model_len"]),
+        tensor_parallel_size=vllm_cfg.get("tensor_parallel_size", 1),
+        data_parallel_size=vllm_cfg.get("data_parallel_size", 1),
+        gpu_memory_utilization=vllm_cfg.get("gpu_memory_utilization", 0.9),
+        enforce_eager=vllm_cfg.get("enforce_eager", True),
+        min_p=float(evaluation.get("min_p", 0.0)),
+    )
+
+
+def run_generation(
+    *,
+    benchmark: pd.DataFrame,
+    manifest: dict,
+    model_entry: dict,
+    evaluation: dict,
+    sampling: SamplingConfig,
+    backend_name: str,
+    output: str | Path,
+    metadata: dict[str, Any],
+) -> pd.DataFrame:
+    """Evaluation-prompt sampling of one checkpoint on one benchmark (what rule ``generate`` runs)."""
+    from .models import load_tokenizer
+
+    tokenizer = load_tokenizer(manifest)
+    template = model_entry.get("chat_template", {})
+    ids = eval_prompt_ids(
+        tokenizer,
+        list(benchmark["problem"]),
+        enable_thinking=bool(evaluation.get("enable_thinking", True)),
+        add_special_tokens=bool(template.get("add_special_tokens", True)),
+    )
+    backend = make_backend(backend_name, manifest, model_entry, evaluation, tokenizer=tokenizer)
+    meta = {
+        **metadata,
+        "model_path": manifest["path"],
+        "hf_id": manifest.get("hf_id"),
+        "revision": manifest.get("revision"),
+        "prompt": "eval",
+        "enable_thinking": bool(evaluation.get("enable_thinking", True)),
+    }
+    return sample_benchmark(backend, list(benchmark["id"]), ids, sampling, output=output, metadata=meta)

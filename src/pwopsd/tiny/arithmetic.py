@@ -1,0 +1,85 @@
+"""Synthetic multi-step integer-arithmetic problems with step-by-step solutions.
+
+A level-``L`` problem chains ``L`` additions/subtractions, e.g. ``Compute 12 + 7 - 3.`` Its
+worked solution writes one line per step and ends with ``\\boxed{N}``; its *reference solution*
+(what the privileged teacher prompt quotes, like the OPSD corpus' ``solution`` column) states
+only the answer, so a teacher that reads it can copy what it cannot compute.
+
+Everything is a pure function of a seed (``numpy.random.default_rng``), so rules regenerate the
+same data on every machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ArithmeticProblem:
+    operands: tuple[int, ...]
+    ops: tuple[str, ...]  # "+" or "-", len(operands) - 1
+
+    @property
+    def level(self) -> int:
+        return len(self.ops)
+
+    @property
+    def answer(self) -> int:
+        value = self.operands[0]
+        for op, x in zip(self.ops, self.operands[1:]):
+            value = value + x if op == "+" else value - x
+        return value
+
+    @property
+    def problem(self) -> str:
+        expr = str(self.operands[0])
+        for op, x in zip(self.ops, self.operands[1:]):
+            expr += f" {op} {x}"
+        return f"Compute {expr}."
+
+    def steps(self) -> list[str]:
+        lines, value = [], self.operands[0]
+        for op, x in zip(self.ops, self.operands[1:]):
+            new = value + x if op == "+" else value - x
+            lines.append(f"{value} {op} {x} = {new}")
+            value = new
+        return lines
+
+    @property
+    def worked_solution(self) -> str:
+        """Step-by-step solution ending in the boxed answer (the model's target response)."""
+        return "\n".join(self.steps()) + f"\nThe answer is \\boxed{{{self.answer}}}."
+
+    @property
+    def reference_solution(self) -> str:
+        """What the privileged teacher prompt quotes (answer only)."""
+        return f"The answer is {self.answer}."
+
+
+def sample_problem(rng: np.random.Generator, level: int, max_operand: int) -> ArithmeticProblem:
+    operands = tuple(int(x) for x in rng.integers(1, max_operand + 1, size=level + 1))
+    ops = tuple("+" if b else "-" for b in rng.integers(0, 2, size=level))
+    return ArithmeticProblem(operands, ops)
+
+
+def sample_problems(seed: int, n: int, levels: list[int], max_operand: int) -> list[ArithmeticProblem]:
+    """``n`` problems with levels cycled in equal shares, deterministically from ``seed``."""
+    rng = np.random.default_rng(seed)
+    return [sample_problem(rng, levels[i % len(levels)], max_operand) for i in range(n)]
+
+
+def problems_frame(problems: list[ArithmeticProblem], id_prefix: str):
+    """A benchmark/corpus table: ``id, problem, answer, solution, level``."""
+    import pandas as pd
+
+    return pd.DataFrame(
+        {
+            "id": [f"{id_prefix}-{i}" for i in range(len(problems))],
+            "problem": [p.problem for p in problems],
+            "answer": [str(p.answer) for p in problems],
+            "solution": [p.reference_solution for p in problems],
+            "level": [p.level for p in problems],
+        }
+    )

@@ -1,0 +1,251 @@
+"""Build, pretrain and check the tiny Qwen3 model.
+
+Pretraining mixes three prompt formats, all rendered through the same chat template and prompt
+functions as the paper-scale models (``pwopsd.prompts``):
+
+* ``student``: the OPSD training student prompt (thinking off), response = worked solution;
+* ``eval``: the evaluation prompt (thinking on), response = ``<think>`` worked steps ``</think>``
+  + boxed answer;
+* ``teacher``: the privileged teacher prompt quoting the reference solution (the answer), response
+  = worked solution. A share of teacher examples uses operands too large to compute reliably, so
+  the model learns to read the privileged answer (without them it computes instead and
+  teacher ~ student; see ``../shared/spec/tiny_model_notes.md``).
+
+After pretraining, a dev set (problems from a seed disjoint from every benchmark's) checks that the
+privileged teacher beats the student by a clear margin and that the student sits in a middle
+accuracy range; otherwise the build fails with :class:`TinyModelCheckError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .. import prompts
+from .arithmetic import ArithmeticProblem, sample_problem, sample_problems
+from .tokenizer import END_THINK, IM_END, THINK, build_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class TinyModelCheckError(RuntimeError):
+    """The pretrained tiny model failed its teacher-gap or accuracy-range check."""
+
+
+@dataclass
+class TinyBuildConfig:
+    seed: int = 0
+    vocab_size: int = 512
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    max_position_embeddings: int = 512
+    steps: int = 850
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup_steps: int = 30
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    levels: list[int] = field(default_factory=lambda: [1, 2, 3])
+    max_operand: int = 30
+    teacher_fraction: float = 0.5
+    teacher_hard_fraction: float = 0.5
+    teacher_hard_max_operand: int = 99
+    dev_seed: int = 99_991
+    dev_per_level: int = 100
+    min_teacher_gap: float = 0.20
+    student_accuracy_range: list[float] = field(default_factory=lambda: [0.15, 0.85])
+    threads: int = 2
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TinyBuildConfig":
+        known = set(cls.__dataclass_fields__)
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown tiny build settings: {sorted(unknown)}")
+        return cls(**d)
+
+
+def response_text(p: ArithmeticProblem, thinking: bool) -> str:
+    if thinking:
+        return f"{THINK}\n" + "\n".join(p.steps()) + f"\n{END_THINK}\n\nThe answer is \\boxed{{{p.answer}}}."
+    return p.worked_solution
+
+
+def format_example(tokenizer, p: ArithmeticProblem, fmt: str) -> tuple[str, str]:
+    """(rendered prompt, response text incl. EOS) for one problem in one prompt format."""
+    if fmt == "student":
+        prompt = prompts.render(tokenizer, prompts.student_message(p.problem), prompts.STUDENT)
+        return prompt, response_text(p, thinking=False) + IM_END
+    if fmt == "eval":
+        prompt = prompts.render(tokenizer, prompts.eval_message(p.problem), prompts.EVAL)
+        return prompt, response_text(p, thinking=True) + IM_END
+    if fmt == "teacher":
+        prompt = prompts.render(tokenizer, prompts.teacher_message(p.problem, p.reference_solution), prompts.TEACHER)
+        return prompt, response_text(p, thinking=False) + IM_END
+    raise ValueError(f"unknown prompt format {fmt!r}")
+
+
+def sample_pretraining_example(rng: np.random.Generator, cfg: TinyBuildConfig) -> tuple[ArithmeticProblem, str]:
+    level = int(rng.choice(cfg.levels))
+    if rng.random() < cfg.teacher_fraction:
+        hard = rng.random() < cfg.teacher_hard_fraction
+        return sample_problem(rng, level, cfg.teacher_hard_max_operand if hard else cfg.max_operand), "teacher"
+    fmt = "student" if rng.random() < 0.5 else "eval"
+    return sample_problem(rng, level, cfg.max_operand), fmt
+
+
+def tokenizer_corpus(cfg: TinyBuildConfig, n: int = 3000) -> list[str]:
+    """Raw texts (user messages and responses) the BPE is trained on."""
+    rng = np.random.default_rng(cfg.seed + 1)
+    texts = []
+    for _ in range(n):
+        p, fmt = sample_pretraining_example(rng, cfg)
+        if fmt == "teacher":
+            texts.append(prompts.teacher_message(p.problem, p.reference_solution))
+        elif fmt == "eval":
+            texts.append(prompts.eval_message(p.problem))
+        else:
+            texts.append(prompts.student_message(p.problem))
+        texts.append("user\nassistant\n" + response_text(p, thinking=fmt == "eval"))
+    return texts
+
+
+def build_model(cfg: TinyBuildConfig, tokenizer):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    vocab = int(math.ceil(len(tokenizer) / 64) * 64)
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(cfg.seed)
+    model = Qwen3ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def collate(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded input ids, attention mask and labels (-100 on prompt and padding)."""
+    seqs, labels = [], []
+    for prompt, response in pairs:
+        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        r = tokenizer(response, add_special_tokens=False)["input_ids"]
+        seqs.append(p + r)
+        labels.append([-100] * len(p) + r)
+    width = max(len(s) for s in seqs)
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
+    lab = torch.tensor([lbl + [-100] * (width - len(lbl)) for lbl in labels])
+    attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+    return ids, attn, lab
+
+
+def lr_at(step: int, cfg: TinyBuildConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine)
+
+
+def pretrain(model, tokenizer, cfg: TinyBuildConfig, log_every: int = 50) -> list[float]:
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.98),
+    )
+    model.train()
+    losses = []
+    t0 = time.time()
+    for step in range(cfg.steps):
+        batch = [sample_pretraining_example(rng, cfg) for _ in range(cfg.batch_size)]
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        opt.zero_grad(set_to_none=True)
+        # Teacher prompts are ~3x longer than student ones: two length buckets waste less padding.
+        buckets = [[b for b in batch if b[1] == "teacher"], [b for b in batch if b[1] != "teacher"]]
+        encoded = [collate(tokenizer, [format_example(tokenizer, p, fmt) for p, fmt in bk]) for bk in buckets if bk]
+        n_tokens = sum(int((lab[:, 1:] != -100).sum()) for _, _, lab in encoded)
+        loss = 0.0
+        for ids, attn, labels in encoded:
+            part = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+            part = part * int((labels[:, 1:] != -100).sum()) / n_tokens
+            part.backward()
+            loss += float(part.detach())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        losses.append(loss)
+        if (step + 1) % log_every == 0 or step == 0:
+            log.info("pretrain step %d/%d loss %.4f lr %.2e (%.1fs)", step + 1, cfg.steps, loss, lr_at(step, cfg), time.time() - t0)
+    model.eval()
+    return losses
+
+
+def dev_accuracy(model, tokenizer, cfg: TinyBuildConfig, batch_size: int = 128) -> dict[str, dict[str, float]]:
+    """Sampled (T=1, top_p 0.95, top_k off) accuracy per level for the three prompt formats."""
+    from ..generation import GenerationRequest
+    from ..generation.hf_backend import HFBackend
+    from ..grading import integer_answer
+
+    backend = HFBackend(model, tokenizer, batch_size=batch_size)
+    result: dict[str, dict[str, float]] = {}
+    for fmt in ("student", "eval", "teacher"):
+        result[fmt] = {}
+        for level in cfg.levels:
+            problems = sample_problems(cfg.dev_seed + level, cfg.dev_per_level, [level], cfg.max_operand)
+            reqs = []
+            for i, p in enumerate(problems):
+                prompt, _ = format_example(tokenizer, p, fmt)
+                ids = prompts.encode(tokenizer, prompt, add_special_tokens=False)
+                reqs.append(GenerationRequest(tuple(ids), n=1, seed=i, temperature=1.0, top_p=0.95, top_k=0, max_new_tokens=96))
+            outs = backend.generate(reqs)
+            correct = [integer_answer(o[0].text) == p.answer for o, p in zip(outs, problems)]
+            result[fmt][f"L{level}"] = float(np.mean(correct))
+        result[fmt]["mean"] = float(np.mean([result[fmt][f"L{lv}"] for lv in cfg.levels]))
+    return result
+
+
+def check_dev_accuracy(acc: dict[str, dict[str, float]], cfg: TinyBuildConfig) -> list[str]:
+    """Problems with the pretrained model, as readable sentences (empty list: all good)."""
+    problems = []
+    gap = acc["teacher"]["mean"] - acc["student"]["mean"]
+    if gap < cfg.min_teacher_gap:
+        problems.append(
+            f"privileged teacher beats the student by {gap:+.1%} on the dev set, below "
+            f"tiny.min_teacher_gap={cfg.min_teacher_gap:.0%} (teacher {acc['teacher']['mean']:.1%}, "
+            f"student {acc['student']['mean']:.1%}); change tiny.steps, not the other settings"
+        )
+    lo, hi = cfg.student_accuracy_range
+    for fmt in ("student", "eval"):
+        if not lo <= acc[fmt]["mean"] <= hi:
+            problems.append(
+                f"{fmt}-prompt accuracy {acc[fmt]['mean']:.1%} lies outside "
+                f"tiny.student_accuracy_range=[{lo:.0%}, {hi:.0%}]"
+            )
+    return problems

@@ -1,0 +1,107 @@
+"""Config schema: the shipped configs validate; each kind of mistake is rejected naming its key."""
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO
+from pwopsd.config import ConfigError, load_config, sampling_seed, seed_names, validate_config
+
+
+@pytest.fixture(scope="module")
+def paper():
+    with open(REPO / "config" / "config.yaml") as fh:
+        return yaml.safe_load(fh)
+
+
+def test_shipped_configs_validate_and_fill_defaults():
+    paper = load_config(REPO / "config" / "config.yaml")
+    assert list(paper["models"]) == ["qwen3_4b", "dsr1_llama_8b", "olmo3_7b_think"]
+    assert paper["evaluation"]["min_p"] == 0.0  # default filled
+    assert paper["hub"]["cache_dir"] is None
+    tiny = load_config(REPO / "tiny" / "config" / "config.yaml")
+    assert tiny["models"]["tiny_qwen3"]["vllm"]["tensor_parallel_size"] == 1  # nested default
+    assert tiny["benchmarks"]["arith_l1"]["source"]["max_operand"] == 30  # default inside if/then
+    assert tiny["benchmarks"]["arith_l1"]["columns"]["id"] == "id"
+
+
+def test_paper_protocol_values():
+    ev = load_config(REPO / "config" / "config.yaml")["evaluation"]
+    assert (ev["n"], ev["temperature"], ev["top_p"], ev["top_k"]) == (12, 1.0, 0.95, -1)
+    assert (ev["max_new_tokens"], ev["max_model_len"], ev["enable_thinking"]) == (38912, 40960, True)
+
+
+def _mutate(cfg, path, value, delete=False):
+    node = cfg
+    for p in path[:-1]:
+        node = node[p]
+    if delete:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return cfg
+
+
+MISTAKES = [
+    # (description, path, value, delete, expected key in message, expected words)
+    ("unknown top-level key", ["evaluaton"], {}, False, "evaluaton", "unknown key"),
+    ("unknown model key", ["models", "qwen3_4b", "tp"], 4, False, "models.qwen3_4b.tp", "unknown key"),
+    ("wrong dtype enum", ["models", "qwen3_4b", "dtype"], "bf16", False, "models.qwen3_4b.dtype", "is not one of"),
+    ("wrong type n", ["evaluation", "n"], "twelve", False, "evaluation.n", "is not of type"),
+    ("missing gpus", ["models", "qwen3_4b", "gpus"], None, True, "models.qwen3_4b.gpus", "required key is missing"),
+    ("missing eval field", ["evaluation", "max_new_tokens"], None, True, "evaluation.max_new_tokens", "required"),
+    ("top_p out of range", ["evaluation", "top_p"], 1.5, False, "evaluation.top_p", "maximum"),
+    ("bad seed", ["evaluation", "seeds"], ["main", "one"], False, "evaluation.seeds.1", "not a seed"),
+    ("bad sha256", ["benchmarks", "hmmt_feb2025", "source", "sha256"], "xyz", False, "benchmarks.hmmt_feb2025.source.sha256", "does not match"),
+    ("hf source without revision", ["benchmarks", "math500", "source", "revision"], None, True, "benchmarks.math500.source.revision", "required"),
+    ("unknown source kind", ["benchmarks", "math500", "source", "kind"], "s3", False, "benchmarks.math500.source.kind", "is not one of"),
+    ("bad model name", ["models", "Qwen-4B"], {"hf_id": "a/b", "dtype": "bfloat16", "gpus": {"generate": 1, "train": 1, "forward": 1}}, False, "models", "not a valid name"),
+    ("tp x dp != gpus", ["models", "qwen3_4b", "vllm", "tensor_parallel_size"], 2, False, "models.qwen3_4b.vllm", "must equal"),
+    ("hf_id and built_by", ["models", "qwen3_4b", "built_by"], "tiny", False, "models.qwen3_4b", "exactly one"),
+    ("eval model not configured", ["evaluation", "models"], ["qwen3_4b", "llama"], False, "evaluation.models.1", "not a configured model"),
+    ("prompt room", ["evaluation", "max_new_tokens"], 40960, False, "evaluation.max_new_tokens", "no room"),
+]
+
+
+@pytest.mark.parametrize("desc,path,value,delete,key,words", MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_mistake_is_rejected_naming_the_key(paper, desc, path, value, delete, key, words):
+    bad = _mutate(copy.deepcopy(paper), path, value, delete)
+    with pytest.raises(ConfigError) as info:
+        validate_config(bad)
+    msg = str(info.value)
+    assert key in msg, msg
+    assert words in msg, msg
+
+
+def test_all_problems_reported_at_once(paper):
+    bad = copy.deepcopy(paper)
+    bad["evaluation"]["n"] = "x"
+    bad["models"]["qwen3_4b"]["dtype"] = "fp8"
+    msg = str(pytest.raises(ConfigError, validate_config, bad).value)
+    assert "evaluation.n" in msg and "models.qwen3_4b.dtype" in msg
+
+
+def test_seed_mapping(paper):
+    cfg = validate_config(paper)
+    assert seed_names(cfg) == ["main", "1", "2"]
+    assert sampling_seed(cfg, "main") is None
+    assert sampling_seed(cfg, "2") == 2
+    cfg["evaluation"]["main_seed"] = 0
+    assert sampling_seed(cfg, "main") == 0
+
+
+def test_snakemake_stops_before_any_job_on_bad_config(tmp_path):
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    cfg["models"]["qwen3_4b"]["dtype"] = "bf16"
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path)],
+        capture_output=True, text=True, cwd=REPO,
+    )
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "models.qwen3_4b.dtype" in out and "Traceback" not in out, out

@@ -1,0 +1,154 @@
+"""Generation backends: the sampling filter against an independent computation, per-request
+seeding independent of batch composition, stop/EOS/length handling, greedy equivalence with
+transformers' own generate, and the vLLM request mapping."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from pwopsd import prompts
+from pwopsd.generation import FINISH_LENGTH, FINISH_STOP, GenerationRequest, get_backend
+from pwopsd.generation.hf_backend import HFBackend, filter_and_sample
+from pwopsd.generation.vllm_backend import gpu_groups, round_robin, sampling_params_kwargs, to_completions
+
+
+def _nucleus_probs(logits, temperature, top_p, top_k):
+    """Independent numpy reference of temperature -> top-k -> top-p -> renormalize."""
+    z = np.asarray(logits, dtype=np.float64) / temperature
+    order = np.argsort(-z, kind="stable")
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    keep = np.zeros_like(p, dtype=bool)
+    k = len(p) if top_k <= 0 else top_k
+    topk = order[:k]
+    pk = p[topk] / p[topk].sum()
+    mass = 0.0
+    for rank, tok in enumerate(topk):
+        keep[tok] = True
+        mass += pk[rank]
+        if mass >= top_p:
+            break
+    q = np.where(keep, p, 0.0)
+    return q / q.sum()
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 1.0, 0), (1.0, 0.9, 0), (0.7, 0.95, 0), (1.3, 1.0, 3), (1.0, 0.5, 4)])
+def test_sampler_matches_reference_distribution(temperature, top_p, top_k):
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, 12, generator=gen) * 2
+    expected = _nucleus_probs(logits[0].numpy(), temperature, top_p, top_k)
+    grid = torch.linspace(0, 1, 20001)[:-1] + 0.5 / 20000  # deterministic "uniforms"
+    rows = logits.expand(len(grid), -1)
+    f = lambda v, dt: torch.full((len(grid),), v, dtype=dt)
+    tokens = filter_and_sample(rows, f(temperature, torch.float32), f(top_p, torch.float32), f(top_k, torch.long), grid)
+    freq = np.bincount(tokens.numpy(), minlength=12) / len(grid)
+    assert set(np.flatnonzero(freq)) == set(np.flatnonzero(expected))
+    np.testing.assert_allclose(freq, expected, atol=2e-4)
+
+
+def test_sampler_greedy_and_mixed_rows():
+    logits = torch.tensor([[0.1, 3.0, 0.2], [5.0, 0.0, 4.9], [0.0, 0.0, 9.0]])
+    t = torch.tensor([0.0, 0.0, 1.0])
+    out = filter_and_sample(logits, t, torch.ones(3), torch.zeros(3, dtype=torch.long), torch.tensor([0.99, 0.99, 0.5]))
+    assert out.tolist() == [1, 0, 2]
+
+
+def _ids(tok, problem, style=prompts.EVAL):
+    return tuple(prompts.encode(tok, prompts.render(tok, prompts.eval_message(problem), style), add_special_tokens=False))
+
+
+@pytest.fixture(scope="module")
+def backend(random_tiny_model, tiny_tokenizer):
+    return HFBackend(random_tiny_model, tiny_tokenizer, batch_size=8)
+
+
+def test_same_seed_same_tokens_regardless_of_batch(backend, tiny_tokenizer):
+    target = GenerationRequest(_ids(tiny_tokenizer, "Compute 3 + 4."), n=3, seed=11, top_p=0.95, max_new_tokens=24)
+    alone = backend.generate([target])[0]
+    others = [GenerationRequest(_ids(tiny_tokenizer, f"Compute {i} + {i} - 1 + {2 * i}."), n=2, seed=i, max_new_tokens=30) for i in range(5)]
+    mixed = backend.generate(others[:2] + [target] + others[2:])[2]
+    small = HFBackend(backend.model, tiny_tokenizer, batch_size=2).generate(others[:1] + [target])[1]
+    for a, b, c in zip(alone, mixed, small):
+        assert a.token_ids == b.token_ids == c.token_ids
+    assert len({tuple(c.token_ids) for c in alone}) > 1  # the n samples differ
+    # vLLM convention: sample j of seed s is sample 0 of seed s + j.
+    shifted = backend.generate([GenerationRequest(target.prompt_ids, n=1, seed=12, top_p=0.95, max_new_tokens=24)])[0][0]
+    assert shifted.token_ids == alone[1].token_ids
+    other_seed = backend.generate([GenerationRequest(target.prompt_ids, n=3, seed=99, top_p=0.95, max_new_tokens=24)])[0]
+    assert [c.token_ids for c in other_seed] != [c.token_ids for c in alone]
+
+
+def test_greedy_matches_transformers_generate(backend, random_tiny_model, tiny_tokenizer):
+    reqs = [GenerationRequest(_ids(tiny_tokenizer, p), temperature=0.0, max_new_tokens=16)
+            for p in ("Compute 1 + 1.", "Compute 12 - 7 + 30 - 2.")]
+    ours = backend.generate(reqs)
+    for req, out in zip(reqs, ours):
+        ref = random_tiny_model.generate(torch.tensor([req.prompt_ids]), attention_mask=torch.ones(1, len(req.prompt_ids), dtype=torch.long),
+                                         do_sample=False, max_new_tokens=16, eos_token_id=tiny_tokenizer.eos_token_id,
+                                         pad_token_id=tiny_tokenizer.pad_token_id)
+        ref_new = ref[0, len(req.prompt_ids):].tolist()
+        assert out[0].token_ids == ref_new[: len(out[0].token_ids)]
+
+
+def test_stop_token_ends_the_sample_and_is_kept(backend, tiny_tokenizer):
+    base = GenerationRequest(_ids(tiny_tokenizer, "Compute 5 - 3."), temperature=0.0, max_new_tokens=12)
+    full = backend.generate([base])[0][0]
+    assert full.finish_reason == FINISH_LENGTH and len(full.token_ids) == 12
+    stop_tok = full.token_ids[4]
+    first = full.token_ids.index(stop_tok)
+    stopped = backend.generate([GenerationRequest(base.prompt_ids, temperature=0.0, max_new_tokens=12, stop_ids=(stop_tok,))])[0][0]
+    assert stopped.finish_reason == FINISH_STOP
+    assert stopped.token_ids == full.token_ids[: first + 1]
+    # The same token configured as EOS of the backend behaves identically.
+    eos_backend = HFBackend(backend.model, tiny_tokenizer, eos_ids=[stop_tok])
+    assert eos_backend.generate([base])[0][0].token_ids == stopped.token_ids
+
+
+def test_eos_is_stripped_from_text(tiny_tokenizer):
+    from pwopsd.generation.hf_backend import default_eos_ids
+
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[2, 7]))
+    assert default_eos_ids(model, tiny_tokenizer) == sorted({tiny_tokenizer.eos_token_id, 2, 7})
+
+
+def test_request_validation():
+    with pytest.raises(ValueError, match="greedy"):
+        GenerationRequest((1, 2), n=2, temperature=0.0)
+    with pytest.raises(ValueError, match="top_p"):
+        GenerationRequest((1,), top_p=0.0)
+    with pytest.raises(ValueError, match="empty prompt"):
+        GenerationRequest(())
+    with pytest.raises(ValueError, match="unknown generation backend"):
+        get_backend("tgi")
+
+
+def test_vllm_sampling_params_mapping():
+    eval_req = GenerationRequest((1, 2, 3), n=12, seed=None, temperature=1.0, top_p=0.95, top_k=-1, max_new_tokens=38912)
+    kw = sampling_params_kwargs(eval_req)
+    assert kw == {"n": 12, "temperature": 1.0, "top_p": 0.95, "top_k": -1, "min_p": 0.0, "max_tokens": 38912,
+                  "stop_token_ids": [], "skip_special_tokens": True}
+    assert "seed" not in kw  # "main" run: engine seed applies
+    seeded = sampling_params_kwargs(GenerationRequest((1,), n=12, seed=2, top_k=0, top_p=0.95))
+    assert seeded["seed"] == 2 and seeded["top_k"] == -1
+    rollout = sampling_params_kwargs(GenerationRequest((1,), temperature=1.1, top_p=0.95, top_k=20, max_new_tokens=1024, stop_ids=(5,)))
+    assert (rollout["top_k"], rollout["temperature"], rollout["stop_token_ids"]) == (20, 1.1, [5])
+    greedy = sampling_params_kwargs(GenerationRequest((1,), temperature=0.0, top_p=0.5, top_k=7))
+    assert (greedy["top_p"], greedy["top_k"]) == (1.0, -1)
+
+
+def test_vllm_output_mapping_and_dp_layout():
+    out = SimpleNamespace(outputs=[SimpleNamespace(index=1, token_ids=(4, 2), text="b", finish_reason="stop"),
+                                   SimpleNamespace(index=0, token_ids=[3], text="a", finish_reason="length")])
+    comps = to_completions(out)
+    assert [c.text for c in comps] == ["a", "b"] and comps[1].token_ids == [4, 2]
+    assert round_robin(5, 2) == [[0, 2, 4], [1, 3]]
+    assert gpu_groups(2, 2, ["0", "1", "2", "3"]) == ["0,1", "2,3"]
+    with pytest.raises(RuntimeError, match="needs data_parallel_size x tensor_parallel_size = 4 GPUs, 2 visible"):
+        gpu_groups(2, 2, ["0", "1"])
+
+
+def test_vllm_backend_imports_lazily():
+    backend = get_backend("vllm", model_path="/nonexistent", tensor_parallel_size=4)
+    assert backend.engine_kwargs["tensor_parallel_size"] == 4 and backend.engine_kwargs["seed"] == 0

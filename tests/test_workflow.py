@@ -1,0 +1,95 @@
+"""The workflow itself: paper-config dry runs list the expected jobs without the network, and the
+tiny configuration runs end to end (model build with its teacher-gap check, data, generations),
+with a rerun doing no work."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import REPO
+from pwopsd.io import read_parquet_metadata
+
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile")]
+
+
+def job_counts(output: str) -> dict[str, int]:
+    table = output[output.index("Job stats:"):]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+def run_snakemake(args, cwd=REPO, env=None, check=True):
+    proc = subprocess.run(SNAKEMAKE + list(args), cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def test_paper_dry_run_lists_data_and_generation_jobs():
+    proc = run_snakemake(["-n", "--quiet", "rules"])
+    counts = job_counts(proc.stdout + proc.stderr)
+    assert counts["generate"] == 3 * 4 * 3
+    assert counts["prepare_benchmark"] == 4 and counts["fetch_model"] == 3
+    assert counts["prepare_train_corpus"] == 1
+    assert "build_tiny_model" not in counts
+
+
+def test_paper_generation_jobs_request_the_model_gpus():
+    proc = run_snakemake(["-n", "results/generations/dsr1_llama_8b/base/aime2025/seed-main.parquet"])
+    out = proc.stdout + proc.stderr
+    assert re.search(r"rule generate:.*?resources: [^\n]*gpu=4", out, re.S)
+    assert re.search(r"rule prepare_benchmark:(?:(?!rule ).)*?resources: (?:(?!gpu).)*$", out, re.S | re.M)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """Run the tiny configuration end to end in a fresh working directory."""
+    workdir = tmp_path_factory.mktemp("tiny")
+    shutil.copytree(REPO / "tiny" / "config", workdir / "config")
+    proc = run_snakemake(["--cores", "2", "--directory", str(workdir)])
+    return workdir, proc
+
+
+@pytest.mark.workflow
+def test_tiny_run_builds_a_model_with_a_teacher_gap(tiny_run):
+    workdir, _ = tiny_run
+    report = json.loads((workdir / "results/models/tiny_qwen3/build_report.json").read_text())
+    acc = report["dev_accuracy"]
+    # Loose bounds (the build rule itself enforces the configured 20-point gap).
+    assert acc["teacher"]["mean"] - acc["student"]["mean"] >= 0.15
+    assert 0.10 <= acc["eval"]["mean"] <= 0.90
+    assert (workdir / "results/models/tiny_qwen3/base/model.safetensors").exists()
+
+
+@pytest.mark.workflow
+def test_tiny_run_generations_for_every_benchmark_and_seed(tiny_run):
+    workdir, _ = tiny_run
+    for bench, rows in {"arith_l1": 40, "arith_l2": 20, "arith_l3": 20, "arith_mix": 20}.items():
+        for seed in ("main", "1", "2"):
+            path = workdir / f"results/generations/tiny_qwen3/base/{bench}/seed-{seed}.parquet"
+            df = pd.read_parquet(path)
+            assert len(df) == rows * 12
+            assert set(df.columns) >= {"problem_id", "sample_index", "text", "num_tokens", "finish_reason"}
+            assert df.groupby("problem_id")["sample_index"].apply(sorted).map(lambda s: s == list(range(12))).all()
+            meta = read_parquet_metadata(path)
+            assert meta["sampling"]["n"] == 12 and meta["sampling"]["top_p"] == 0.95
+            assert meta["sampling"]["seed"] == (None if seed == "main" else int(seed))
+            assert meta["versions"]["torch"] and meta["backend"]["backend"] == "hf"
+    a = pd.read_parquet(workdir / "results/generations/tiny_qwen3/base/arith_l2/seed-1.parquet")
+    b = pd.read_parquet(workdir / "results/generations/tiny_qwen3/base/arith_l2/seed-2.parquet")
+    assert (a["text"] != b["text"]).any()  # seeds differ
+    assert (a["text"].str.contains("\\boxed{", regex=False)).mean() > 0.8  # the model formats its answers
+
+
+@pytest.mark.workflow
+def test_tiny_rerun_does_no_work(tiny_run):
+    workdir, _ = tiny_run
+    proc = run_snakemake(["-n", "--directory", str(workdir)])
+    assert "Nothing to be done" in proc.stdout + proc.stderr

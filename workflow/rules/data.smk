@@ -1,0 +1,36 @@
+# Data preparation: every benchmark and the training corpus become normalized parquet tables
+# (id, problem, answer[, solution] + source fields) with a manifest of what was used.
+
+
+rule prepare_benchmark:
+    output:
+        table="results/data/benchmarks/{benchmark}.parquet",
+        manifest="results/data/benchmarks/{benchmark}.json",
+    params:
+        entry=lambda wc: config["benchmarks"][wc.benchmark],
+        hub=config.get("hub", {}),
+    log:
+        "logs/data/prepare_benchmark/{benchmark}.log",
+    benchmark:
+        "benchmarks/data/prepare_benchmark/{benchmark}.tsv"
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/prepare_dataset.py"
+
+
+rule prepare_train_corpus:
+    output:
+        table="results/data/train_corpus.parquet",
+        manifest="results/data/train_corpus.json",
+    params:
+        entry=config.get("train_corpus"),
+        hub=config.get("hub", {}),
+    log:
+        "logs/data/prepare_train_corpus.log",
+    benchmark:
+        "benchmarks/data/prepare_train_corpus.tsv"
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/prepare_dataset.py"

@@ -1,0 +1,41 @@
+# Base checkpoints. Hub models are resolved at their pinned revision into the HF cache and
+# recorded in a manifest; tiny models are built and pretrained by the workflow.
+
+
+rule fetch_model:
+    output:
+        manifest="results/models/{model}/base.json",
+    wildcard_constraints:
+        model=_alternatives(HUB_MODELS),
+    params:
+        entry=model_entry,
+        hub=config.get("hub", {}),
+    log:
+        "logs/models/fetch_model/{model}.log",
+    benchmark:
+        "benchmarks/models/fetch_model/{model}.tsv"
+    conda:
+        "../../envs/train.yaml"
+    script:
+        "../scripts/fetch_model.py"
+
+
+rule build_tiny_model:
+    output:
+        model=directory("results/models/{model}/base"),
+        manifest="results/models/{model}/base.json",
+        report="results/models/{model}/build_report.json",
+    wildcard_constraints:
+        model=_alternatives(BUILT_MODELS),
+    params:
+        entry=model_entry,
+        tiny=config.get("tiny", {}),
+    threads: 2
+    log:
+        "logs/models/build_tiny_model/{model}.log",
+    benchmark:
+        "benchmarks/models/build_tiny_model/{model}.tsv"
+    conda:
+        "../../envs/train.yaml"
+    script:
+        "../scripts/build_tiny_model.py"
