@@ -172,6 +172,20 @@ def sampling_seed(cfg: dict, seed_name: str) -> int | None:
     return int(seed_name)
 
 
+SAMPLING_KEYS = ("n", "temperature", "top_p", "top_k", "min_p", "max_new_tokens", "max_model_len", "enable_thinking")
+
+
+def eval_sampling_settings(cfg: dict) -> dict:
+    """The evaluation settings that determine the samples (rule params of ``generate``)."""
+    return {k: cfg["evaluation"][k] for k in SAMPLING_KEYS}
+
+
+def backend_options(cfg: dict, model: str) -> dict:
+    """Execution settings of the generation backend: they change speed, not samples."""
+    entry = cfg["models"][model]
+    return {"hf_batch_size": cfg["evaluation"]["hf_batch_size"], **entry.get("vllm", {})}
+
+
 def eval_models(cfg: dict) -> list[str]:
     return list(cfg["evaluation"].get("models") or cfg["models"])
 

@@ -27,7 +27,7 @@ def _lfs_sha256(path: Path) -> str | None:
     return target if len(target) == 64 and all(c in "0123456789abcdef" for c in target) else None
 
 
-def resolve_hub_model(name: str, entry: dict, hub: dict) -> dict[str, Any]:
+def resolve_hub_model(name: str, *, hf_id: str, revision: str, hub: dict) -> dict[str, Any]:
     """Download (or find in the cache) a Hub model at its pinned revision; return its manifest."""
     if hub.get("offline"):
         os.environ["HF_HUB_OFFLINE"] = "1"
@@ -35,14 +35,14 @@ def resolve_hub_model(name: str, entry: dict, hub: dict) -> dict[str, Any]:
 
     try:
         path = snapshot_download(
-            repo_id=entry["hf_id"],
-            revision=entry["revision"],
+            repo_id=hf_id,
+            revision=revision,
             cache_dir=hub.get("cache_dir"),
             allow_patterns=WEIGHT_PATTERNS,
         )
     except Exception as exc:
         raise ModelError(
-            f"models.{name}.hf_id: could not fetch {entry['hf_id']} at revision {entry['revision']} "
+            f"models.{name}.hf_id: could not fetch {hf_id} at revision {revision} "
             f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}): {type(exc).__name__}: {exc}"
         ) from None
     root = Path(path)
@@ -54,10 +54,9 @@ def resolve_hub_model(name: str, entry: dict, hub: dict) -> dict[str, Any]:
         "model": name,
         "kind": "hub",
         "path": str(root),
-        "hf_id": entry["hf_id"],
-        "revision": entry["revision"],
+        "hf_id": hf_id,
+        "revision": revision,
         "resolved_commit": root.name,
-        "dtype": entry["dtype"],
         "files_sha256": files,
     }
 
@@ -82,14 +81,14 @@ def load_tokenizer(manifest: dict):
     return AutoTokenizer.from_pretrained(path)
 
 
-def load_model(manifest: dict, device: str = "cpu", dtype: str | None = None):
+def load_model(manifest: dict, device: str = "cpu", dtype: str = "float32"):
     """Load a causal LM from a manifest's local path in the configured dtype."""
     from transformers import AutoModelForCausalLM
 
     path = manifest["path"]
     if not Path(path).exists():
         raise ModelError(f"model {manifest.get('model')}: checkpoint directory {path} does not exist")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype or manifest["dtype"]))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
     return model.to(device).eval()
 
 

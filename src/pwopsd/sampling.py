@@ -134,25 +134,30 @@ def sample_benchmark(
     return table
 
 
-def make_backend(name: str, manifest: dict, model_entry: dict, evaluation: dict, *, tokenizer=None, progress: bool = True) -> Backend:
-    """The configured generation backend for a checkpoint (``hf``: loaded here; ``vllm``: lazily)."""
+def make_backend(name: str, manifest: dict, *, dtype: str, max_model_len: int, min_p: float = 0.0,
+                 options: dict | None = None, tokenizer=None, progress: bool = True) -> Backend:
+    """The configured generation backend for a checkpoint (``hf``: loaded here; ``vllm``: lazily).
+
+    ``options`` are execution settings (``hf_batch_size``, ``tensor_parallel_size``,
+    ``data_parallel_size``, ``gpu_memory_utilization``, ``enforce_eager``).
+    """
     from .generation import get_backend
     from .models import default_device, load_model
 
+    options = options or {}
     if name == "hf":
-        model = load_model(manifest, device=default_device())
-        return get_backend("hf", model=model, tokenizer=tokenizer, batch_size=evaluation.get("hf_batch_size", 64), progress=progress)
-    vllm_cfg = model_entry.get("vllm", {})
+        model = load_model(manifest, device=default_device(), dtype=dtype)
+        return get_backend("hf", model=model, tokenizer=tokenizer, batch_size=options.get("hf_batch_size", 64), progress=progress)
     return get_backend(
         "vllm",
         model_path=manifest["path"],
-        dtype=model_entry["dtype"],
-        max_model_len=int(evaluation["max_model_len"]),
-        tensor_parallel_size=vllm_cfg.get("tensor_parallel_size", 1),
-        data_parallel_size=vllm_cfg.get("data_parallel_size", 1),
-        gpu_memory_utilization=vllm_cfg.get("gpu_memory_utilization", 0.9),
-        enforce_eager=vllm_cfg.get("enforce_eager", True),
-        min_p=float(evaluation.get("min_p", 0.0)),
+        dtype=dtype,
+        max_model_len=int(max_model_len),
+        tensor_parallel_size=options.get("tensor_parallel_size", 1),
+        data_parallel_size=options.get("data_parallel_size", 1),
+        gpu_memory_utilization=options.get("gpu_memory_utilization", 0.9),
+        enforce_eager=options.get("enforce_eager", True),
+        min_p=min_p,
     )
 
 
@@ -160,31 +165,38 @@ def run_generation(
     *,
     benchmark: pd.DataFrame,
     manifest: dict,
-    model_entry: dict,
-    evaluation: dict,
-    sampling: SamplingConfig,
+    settings: dict,
+    seed: int | None,
+    chat_template: dict,
+    dtype: str,
     backend_name: str,
+    backend_options: dict | None,
     output: str | Path,
     metadata: dict[str, Any],
 ) -> pd.DataFrame:
-    """Evaluation-prompt sampling of one checkpoint on one benchmark (what rule ``generate`` runs)."""
+    """Evaluation-prompt sampling of one checkpoint on one benchmark (what rule ``generate`` runs).
+
+    ``settings`` are the evaluation sampling settings (``pwopsd.config.eval_sampling_settings``).
+    """
     from .models import load_tokenizer
 
+    sampling = SamplingConfig.from_evaluation(settings, seed)
     tokenizer = load_tokenizer(manifest)
-    template = model_entry.get("chat_template", {})
     ids = eval_prompt_ids(
         tokenizer,
         list(benchmark["problem"]),
-        enable_thinking=bool(evaluation.get("enable_thinking", True)),
-        add_special_tokens=bool(template.get("add_special_tokens", True)),
+        enable_thinking=bool(settings.get("enable_thinking", True)),
+        add_special_tokens=bool(chat_template.get("add_special_tokens", True)),
     )
-    backend = make_backend(backend_name, manifest, model_entry, evaluation, tokenizer=tokenizer)
+    backend = make_backend(backend_name, manifest, dtype=dtype, max_model_len=sampling.max_model_len,
+                           min_p=sampling.min_p, options=backend_options, tokenizer=tokenizer)
     meta = {
         **metadata,
         "model_path": manifest["path"],
         "hf_id": manifest.get("hf_id"),
         "revision": manifest.get("revision"),
         "prompt": "eval",
-        "enable_thinking": bool(evaluation.get("enable_thinking", True)),
+        "enable_thinking": bool(settings.get("enable_thinking", True)),
+        "chat_template": chat_template,
     }
     return sample_benchmark(backend, list(benchmark["id"]), ids, sampling, output=output, metadata=meta)

@@ -62,6 +62,10 @@ def gpus_for(stage):
     return _gpus
 
 
+def eval_sampling_settings(wildcards):
+    return cfgmod.eval_sampling_settings(config)
+
+
 def generation_backend(wildcards):
     return config["evaluation"]["backend"]
 

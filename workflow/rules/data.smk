@@ -1,5 +1,6 @@
 # Data preparation: every benchmark and the training corpus become normalized parquet tables
 # (id, problem, answer[, solution] + source fields) with a manifest of what was used.
+# The hub settings (cache dir, offline) are execution settings the script reads from the config.
 
 
 rule prepare_benchmark:
@@ -8,11 +9,10 @@ rule prepare_benchmark:
         manifest="results/data/benchmarks/{benchmark}.json",
     params:
         entry=lambda wc: config["benchmarks"][wc.benchmark],
-        hub=config.get("hub", {}),
     log:
         "logs/data/prepare_benchmark/{benchmark}.log",
     benchmark:
-        "benchmarks/data/prepare_benchmark/{benchmark}.tsv"
+        "logs/benchmarks/data/prepare_benchmark/{benchmark}.tsv"
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -25,11 +25,10 @@ rule prepare_train_corpus:
         manifest="results/data/train_corpus.json",
     params:
         entry=config.get("train_corpus"),
-        hub=config.get("hub", {}),
     log:
         "logs/data/prepare_train_corpus.log",
     benchmark:
-        "benchmarks/data/prepare_train_corpus.tsv"
+        "logs/benchmarks/data/prepare_train_corpus.tsv"
     conda:
         "../../envs/analysis.yaml"
     script:

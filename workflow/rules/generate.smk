@@ -1,5 +1,9 @@
 # Sampling a checkpoint on a benchmark with one evaluation seed (evaluation protocol of the
 # paper: n=12, T=1.0, top_p=0.95, top_k off, 38,912 new tokens, enable_thinking=True).
+#
+# params hold exactly what determines the samples, so changing any of them re-runs the job;
+# execution knobs that do not change a sample (hf batch size, vLLM memory fraction, TP/DP layout)
+# are read from the config by the script and do not.
 
 
 rule generate:
@@ -9,9 +13,10 @@ rule generate:
     output:
         generations="results/generations/{model}/{checkpoint}/{benchmark}/seed-{seed}.parquet",
     params:
-        model_entry=model_entry,
-        evaluation=config["evaluation"],
+        sampling=eval_sampling_settings,
         seed=lambda wc: cfgmod.sampling_seed(config, wc.seed),
+        chat_template=lambda wc: config["models"][wc.model]["chat_template"],
+        dtype=lambda wc: config["models"][wc.model]["dtype"],
         backend=generation_backend,
     threads: 2
     resources:
@@ -19,7 +24,7 @@ rule generate:
     log:
         "logs/generate/{model}/{checkpoint}/{benchmark}/seed-{seed}.log",
     benchmark:
-        "benchmarks/generate/{model}/{checkpoint}/{benchmark}/seed-{seed}.tsv"
+        "logs/benchmarks/generate/{model}/{checkpoint}/{benchmark}/seed-{seed}.tsv"
     conda:
         "../../envs/vllm.yaml"
     script:

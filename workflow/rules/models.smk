@@ -8,12 +8,12 @@ rule fetch_model:
     wildcard_constraints:
         model=_alternatives(HUB_MODELS),
     params:
-        entry=model_entry,
-        hub=config.get("hub", {}),
+        hf_id=lambda wc: config["models"][wc.model]["hf_id"],
+        revision=lambda wc: config["models"][wc.model]["revision"],
     log:
         "logs/models/fetch_model/{model}.log",
     benchmark:
-        "benchmarks/models/fetch_model/{model}.tsv"
+        "logs/benchmarks/models/fetch_model/{model}.tsv"
     conda:
         "../../envs/train.yaml"
     script:
@@ -28,13 +28,12 @@ rule build_tiny_model:
     wildcard_constraints:
         model=_alternatives(BUILT_MODELS),
     params:
-        entry=model_entry,
         tiny=config.get("tiny", {}),
     threads: 2
     log:
         "logs/models/build_tiny_model/{model}.log",
     benchmark:
-        "benchmarks/models/build_tiny_model/{model}.tsv"
+        "logs/benchmarks/models/build_tiny_model/{model}.tsv"
     conda:
         "../../envs/train.yaml"
     script:

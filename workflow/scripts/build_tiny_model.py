@@ -9,7 +9,6 @@ def main(snakemake):
     set_threads(snakemake.threads)
     build_tiny_model(
         name=snakemake.wildcards.model,
-        entry=snakemake.params.entry,
         settings=snakemake.params.tiny,
         model_dir=snakemake.output.model,
         manifest_path=snakemake.output.manifest,

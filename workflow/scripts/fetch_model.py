@@ -7,10 +7,15 @@ from pwopsd.runtime import setup_logging, versions
 
 def main(snakemake):
     log = setup_logging(snakemake.log[0])
-    manifest = resolve_hub_model(snakemake.wildcards.model, snakemake.params.entry, snakemake.params.hub)
+    manifest = resolve_hub_model(
+        snakemake.wildcards.model,
+        hf_id=snakemake.params.hf_id,
+        revision=snakemake.params.revision,
+        hub=snakemake.config.get("hub", {}),
+    )
     manifest["versions"] = versions()
     write_json(manifest, snakemake.output.manifest)
-    log.info("%s -> %s", snakemake.params.entry["hf_id"], manifest["path"])
+    log.info("%s@%s -> %s", snakemake.params.hf_id, snakemake.params.revision, manifest["path"])
 
 
 if __name__ == "__main__":

@@ -2,29 +2,28 @@
 
 import pandas as pd
 
+from pwopsd.config import backend_options
 from pwopsd.models import read_manifest
 from pwopsd.runtime import set_threads, setup_logging, versions
-from pwopsd.sampling import SamplingConfig, run_generation
+from pwopsd.sampling import run_generation
 
 
 def main(snakemake):
     setup_logging(snakemake.log[0])
     set_threads(snakemake.threads)
+    wc = snakemake.wildcards
     run_generation(
         benchmark=pd.read_parquet(snakemake.input.benchmark),
         manifest=read_manifest(snakemake.input.model),
-        model_entry=snakemake.params.model_entry,
-        evaluation=snakemake.params.evaluation,
-        sampling=SamplingConfig.from_evaluation(snakemake.params.evaluation, snakemake.params.seed),
+        settings=snakemake.params.sampling,
+        seed=snakemake.params.seed,
+        chat_template=snakemake.params.chat_template,
+        dtype=snakemake.params.dtype,
         backend_name=snakemake.params.backend,
+        backend_options=backend_options(snakemake.config, wc.model),
         output=snakemake.output.generations,
-        metadata={
-            "model": snakemake.wildcards.model,
-            "checkpoint": snakemake.wildcards.checkpoint,
-            "benchmark": snakemake.wildcards.benchmark,
-            "seed_name": snakemake.wildcards.seed,
-            "versions": versions(),
-        },
+        metadata={"model": wc.model, "checkpoint": wc.checkpoint, "benchmark": wc.benchmark,
+                  "seed_name": wc.seed, "versions": versions()},
     )
 
 

@@ -11,7 +11,7 @@ def main(snakemake):
     key = f"benchmarks.{name}" if name else "train_corpus"
     if snakemake.params.entry is None:
         raise SystemExit(f"{key}: not configured")
-    df, manifest = prepare_dataset(snakemake.params.entry, key, hub=snakemake.params.hub)
+    df, manifest = prepare_dataset(snakemake.params.entry, key, hub=snakemake.config.get("hub", {}))
     manifest["versions"] = versions()
     write_parquet(df, snakemake.output.table, metadata=manifest)
     write_json(manifest, snakemake.output.manifest)

@@ -22,7 +22,7 @@ from .model import (
 log = logging.getLogger(__name__)
 
 
-def build_tiny_model(*, name: str, entry: dict, settings: dict, model_dir: str, manifest_path: str, report_path: str) -> dict:
+def build_tiny_model(*, name: str, settings: dict, model_dir: str, manifest_path: str, report_path: str) -> dict:
     cfg = TinyBuildConfig.from_dict(settings)
     t0 = time.time()
     tokenizer = build_tokenizer(tokenizer_corpus(cfg), cfg.vocab_size)
@@ -56,7 +56,6 @@ def build_tiny_model(*, name: str, entry: dict, settings: dict, model_dir: str, 
         "model": name,
         "kind": "tiny",
         "path": str(Path(model_dir)),
-        "dtype": entry["dtype"],
         "parameters": n_params,
         "settings": cfg.__dict__,
     }

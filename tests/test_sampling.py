@@ -1,0 +1,92 @@
+"""Benchmark sampling: prompt construction, clipping to the model length, resumable shards and an
+atomic final parquet; and the tiny build check."""
+
+import pandas as pd
+import pytest
+
+from pwopsd import prompts
+from pwopsd.generation.hf_backend import HFBackend
+from pwopsd.io import read_parquet_metadata
+from pwopsd.sampling import PromptTooLongError, SamplingConfig, eval_prompt_ids, sample_benchmark
+from pwopsd.tiny.model import TinyBuildConfig, check_dev_accuracy
+
+EVAL = {"n": 2, "temperature": 1.0, "top_p": 0.95, "top_k": -1, "max_new_tokens": 8, "max_model_len": 512}
+
+
+class CountingBackend(HFBackend):
+    """The real HF backend, counting the requests it serves and optionally failing mid-job."""
+
+    def __init__(self, *a, fail_after=None, **kw):
+        super().__init__(*a, **kw)
+        self.calls, self.fail_after = 0, fail_after
+
+    def generate(self, requests):
+        if self.fail_after is not None and self.calls >= self.fail_after:
+            raise KeyboardInterrupt("simulated preemption")
+        self.calls += 1
+        return super().generate(requests)
+
+
+def test_eval_prompts_use_the_eval_template(tiny_tokenizer):
+    ids = eval_prompt_ids(tiny_tokenizer, ["Compute 1 + 1."], enable_thinking=True, add_special_tokens=False)[0]
+    text = tiny_tokenizer.decode(ids)
+    assert text == prompts.render(tiny_tokenizer, prompts.eval_message("Compute 1 + 1."), prompts.EVAL)
+    off = tiny_tokenizer.decode(eval_prompt_ids(tiny_tokenizer, ["x"], enable_thinking=False, add_special_tokens=False)[0])
+    assert off.endswith("<think>\n\n</think>\n\n")
+
+
+def test_new_tokens_clipped_to_model_length():
+    cfg = SamplingConfig.from_evaluation({**EVAL, "max_new_tokens": 100, "max_model_len": 50}, seed=1)
+    assert cfg.request(list(range(1, 41))).max_new_tokens == 10
+    with pytest.raises(PromptTooLongError, match="max_model_len=50"):
+        cfg.request(list(range(1, 51)))
+
+
+def test_interrupted_sampling_resumes_from_finished_shards(tmp_path, random_tiny_model, tiny_tokenizer):
+    problems = [f"Compute {i} + 2." for i in range(5)]
+    ids = eval_prompt_ids(tiny_tokenizer, problems, enable_thinking=True, add_special_tokens=False)
+    pids = [f"p{i}" for i in range(5)]
+    cfg = SamplingConfig.from_evaluation(EVAL, seed=3)
+    meta = {"model": "random"}
+
+    reference = sample_benchmark(CountingBackend(random_tiny_model, tiny_tokenizer), pids, ids, cfg,
+                                 output=tmp_path / "ref.parquet", metadata=meta, shard_size=2)
+
+    out = tmp_path / "gen.parquet"
+    with pytest.raises(KeyboardInterrupt):
+        sample_benchmark(CountingBackend(random_tiny_model, tiny_tokenizer, fail_after=2), pids, ids, cfg,
+                         output=out, metadata=meta, shard_size=2)
+    assert not out.exists()  # no half-written output
+    resumed_backend = CountingBackend(random_tiny_model, tiny_tokenizer)
+    resumed = sample_benchmark(resumed_backend, pids, ids, cfg, output=out, metadata=meta, shard_size=2)
+    assert resumed_backend.calls == 1  # only the third shard was generated again
+    pd.testing.assert_frame_equal(resumed, reference)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen.parquet", "ref.parquet"]  # partial dir removed
+    assert len(resumed) == 10 and resumed["sample_index"].tolist()[:2] == [0, 1]
+    assert read_parquet_metadata(out)["sampling"]["seed"] == 3
+
+
+def test_changed_settings_do_not_reuse_stale_shards(tmp_path, random_tiny_model, tiny_tokenizer):
+    ids = eval_prompt_ids(tiny_tokenizer, ["Compute 1 + 2.", "Compute 3 + 4."], enable_thinking=True, add_special_tokens=False)
+    out = tmp_path / "gen.parquet"
+    with pytest.raises(KeyboardInterrupt):
+        sample_benchmark(CountingBackend(random_tiny_model, tiny_tokenizer, fail_after=1), ["a", "b"], ids,
+                         SamplingConfig.from_evaluation(EVAL, seed=1), output=out, metadata={}, shard_size=1)
+    backend = CountingBackend(random_tiny_model, tiny_tokenizer)
+    sample_benchmark(backend, ["a", "b"], ids, SamplingConfig.from_evaluation(EVAL, seed=2), output=out, metadata={}, shard_size=1)
+    assert backend.calls == 2
+
+
+def _acc(student, eval_, teacher):
+    return {"student": {"mean": student}, "eval": {"mean": eval_}, "teacher": {"mean": teacher}}
+
+
+def test_tiny_build_check_boundaries():
+    cfg = TinyBuildConfig(min_teacher_gap=0.2, student_accuracy_range=[0.15, 0.85])
+    assert check_dev_accuracy(_acc(0.40, 0.45, 0.60), cfg) == []
+    gap = check_dev_accuracy(_acc(0.40, 0.45, 0.59), cfg)
+    assert len(gap) == 1 and "min_teacher_gap" in gap[0]
+    low = check_dev_accuracy(_acc(0.10, 0.45, 0.95), cfg)
+    assert len(low) == 1 and "student-prompt accuracy 10.0%" in low[0]
+    high = check_dev_accuracy(_acc(0.50, 0.90, 0.95), cfg)
+    assert any("eval-prompt accuracy 90.0%" in p for p in high)
