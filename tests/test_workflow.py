@@ -93,3 +93,13 @@ def test_tiny_rerun_does_no_work(tiny_run):
     workdir, _ = tiny_run
     proc = run_snakemake(["-n", "--directory", str(workdir)])
     assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_scripts_run_standalone_with_the_rules_inputs_and_params(tmp_path):
+    shutil.copytree(REPO / "tiny" / "config", tmp_path / "config")
+    proc = subprocess.run([sys.executable, str(REPO / "workflow/scripts/prepare_dataset.py"), "--directory", str(tmp_path),
+                           "benchmark=arith_l3"], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    df = pd.read_parquet(tmp_path / "results/data/benchmarks/arith_l3.parquet")
+    assert len(df) == 20 and set(df["level"]) == {3}
+    assert "20 rows" in (tmp_path / "logs/data/prepare_benchmark/arith_l3.log").read_text()

@@ -2,6 +2,7 @@
 
 from pwopsd.runtime import set_threads, setup_logging
 from pwopsd.tiny.build import build_tiny_model
+from pwopsd.standalone import standalone_snakemake
 
 
 def main(snakemake):
@@ -17,4 +18,4 @@ def main(snakemake):
 
 
 if __name__ == "__main__":
-    main(snakemake)  # noqa: F821
+    main(snakemake if "snakemake" in globals() else standalone_snakemake("build_tiny_model"))  # noqa: F821

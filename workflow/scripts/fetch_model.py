@@ -3,6 +3,7 @@
 from pwopsd.io import write_json
 from pwopsd.models import resolve_hub_model
 from pwopsd.runtime import setup_logging, versions
+from pwopsd.standalone import standalone_snakemake
 
 
 def main(snakemake):
@@ -19,4 +20,4 @@ def main(snakemake):
 
 
 if __name__ == "__main__":
-    main(snakemake)  # noqa: F821
+    main(snakemake if "snakemake" in globals() else standalone_snakemake("fetch_model"))  # noqa: F821

@@ -6,6 +6,7 @@ from pwopsd.config import backend_options
 from pwopsd.models import read_manifest
 from pwopsd.runtime import set_threads, setup_logging, versions
 from pwopsd.sampling import run_generation
+from pwopsd.standalone import standalone_snakemake
 
 
 def main(snakemake):
@@ -28,4 +29,4 @@ def main(snakemake):
 
 
 if __name__ == "__main__":
-    main(snakemake)  # noqa: F821
+    main(snakemake if "snakemake" in globals() else standalone_snakemake("generate"))  # noqa: F821

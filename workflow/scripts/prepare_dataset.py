@@ -3,6 +3,7 @@
 from pwopsd.data import prepare_dataset
 from pwopsd.io import write_json, write_parquet
 from pwopsd.runtime import setup_logging, versions
+from pwopsd.standalone import standalone_snakemake
 
 
 def main(snakemake):
@@ -19,4 +20,4 @@ def main(snakemake):
 
 
 if __name__ == "__main__":
-    main(snakemake)  # noqa: F821 (injected by Snakemake)
+    main(snakemake if "snakemake" in globals() else standalone_snakemake("prepare_benchmark"))  # noqa: F821

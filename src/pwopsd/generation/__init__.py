@@ -11,7 +11,7 @@ A request's samples therefore do not depend on what else is in the batch.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Protocol, Sequence
 
 FINISH_STOP = "stop"
@@ -62,30 +62,6 @@ class Completion:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-@dataclass
-class SamplingSettings:
-    """Sampling settings as they appear in config (shared by every request of a job)."""
-
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 256
-    stop_ids: list[int] = field(default_factory=list)
-
-    def request(self, prompt_ids: Sequence[int], seed: int | None) -> GenerationRequest:
-        return GenerationRequest(
-            prompt_ids=tuple(int(t) for t in prompt_ids),
-            n=self.n,
-            seed=seed,
-            temperature=float(self.temperature),
-            top_p=float(self.top_p),
-            top_k=int(self.top_k),
-            max_new_tokens=int(self.max_new_tokens),
-            stop_ids=tuple(int(t) for t in self.stop_ids),
-        )
 
 
 class Backend(Protocol):
