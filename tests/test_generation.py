@@ -152,3 +152,17 @@ def test_vllm_output_mapping_and_dp_layout():
 def test_vllm_backend_imports_lazily():
     backend = get_backend("vllm", model_path="/nonexistent", tensor_parallel_size=4)
     assert backend.engine_kwargs["tensor_parallel_size"] == 4 and backend.engine_kwargs["seed"] == 0
+
+
+def test_vllm_engine_settings_come_from_the_model_entry():
+    from conftest import REPO
+    from pwopsd.config import backend_options, load_config
+    from pwopsd.sampling import make_backend
+
+    cfg = load_config(REPO / "config" / "config.yaml")
+    backend = make_backend("vllm", {"path": "/models/qwen"}, dtype="bfloat16", max_model_len=40960,
+                           options=backend_options(cfg, "qwen3_4b"))
+    assert backend.engine_kwargs == {"model": "/models/qwen", "dtype": "bfloat16", "max_model_len": 40960,
+                                     "tensor_parallel_size": 4, "gpu_memory_utilization": 0.9, "enforce_eager": True,
+                                     "seed": 0, "trust_remote_code": False}
+    assert backend.data_parallel_size == 1

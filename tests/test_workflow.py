@@ -71,7 +71,7 @@ def test_tiny_run_builds_a_model_with_a_teacher_gap(tiny_run):
 @pytest.mark.workflow
 def test_tiny_run_generations_for_every_benchmark_and_seed(tiny_run):
     workdir, _ = tiny_run
-    for bench, rows in {"arith_l1": 40, "arith_l2": 20, "arith_l3": 20, "arith_mix": 20}.items():
+    for bench, rows in {"arith_l1": 40, "arith_l2": 20, "arith_l3": 20, "arith_l3_wide": 20}.items():
         for seed in ("main", "1", "2"):
             path = workdir / f"results/generations/tiny_qwen3/base/{bench}/seed-{seed}.parquet"
             df = pd.read_parquet(path)

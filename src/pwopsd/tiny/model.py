@@ -56,8 +56,8 @@ class TinyBuildConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     levels: list[int] = field(default_factory=lambda: [1, 2, 3])
-    max_operand: int = 30
-    teacher_fraction: float = 0.5
+    max_operand: int = 20
+    teacher_fraction: float = 0.3
     teacher_hard_fraction: float = 0.5
     teacher_hard_max_operand: int = 99
     dev_seed: int = 99_991
