@@ -20,10 +20,11 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/generate.smk"
+include: "workflow/rules/evaluate.smk"
 
 
 rule all:
     default_target: True
     input:
-        all_generations(),
         all_data(),
+        "results/metrics/summary.csv",

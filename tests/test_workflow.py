@@ -38,6 +38,7 @@ def test_paper_dry_run_lists_data_and_generation_jobs():
     assert counts["generate"] == 3 * 4 * 3
     assert counts["prepare_benchmark"] == 4 and counts["fetch_model"] == 3
     assert counts["prepare_train_corpus"] == 1
+    assert counts["grade"] == 3 * 4 * 3 and counts["aggregate_metrics"] == 1
     assert "build_tiny_model" not in counts
 
 
@@ -86,6 +87,29 @@ def test_tiny_run_generations_for_every_benchmark_and_seed(tiny_run):
     b = pd.read_parquet(workdir / "results/generations/tiny_qwen3/base/arith_l2/seed-2.parquet")
     assert (a["text"] != b["text"]).any()  # seeds differ
     assert (a["text"].str.contains("\\boxed{", regex=False)).mean() > 0.8  # the model formats its answers
+
+
+@pytest.mark.workflow
+def test_tiny_run_grades_and_aggregates_over_seeds(tiny_run):
+    workdir, _ = tiny_run
+    metrics = json.loads((workdir / "results/metrics/tiny_qwen3/base/arith_l2/seed-1.json").read_text())
+    assert metrics["num_problems"] == 20 and metrics["num_samples"] == 240
+    assert set(metrics["metrics_pct"]) == {"avg", "pass", "maj", "maj_string", "format_rate"}
+    assert metrics["versions"]["math-verify"] == "0.8.0"
+    graded = pd.read_parquet(workdir / "results/graded/tiny_qwen3/base/arith_l2/seed-1.parquet")
+    bench = pd.read_parquet(workdir / "results/data/benchmarks/arith_l2.parquet").set_index("id")["answer"]
+    # For integer answers, math-equivalence is exact string equality of the extracted answer.
+    exact = graded["extracted"] == graded["problem_id"].map(bench)
+    assert (graded["correct"] == exact).all()
+    assert metrics["metrics_pct"]["avg"] == pytest.approx(100 * exact.mean())
+    summary = pd.read_csv(workdir / "results/metrics/summary.csv")
+    assert set(summary["benchmark"]) == {"arith_l1", "arith_l2", "arith_l3", "arith_l3_wide", "mean"}
+    row = summary[(summary.benchmark == "mean") & (summary.metric == "avg")].iloc[0]
+    per_seed = pd.read_csv(workdir / "results/metrics/per_seed.csv")
+    avg = per_seed[per_seed.metric == "avg"].pivot(index="seed", columns="benchmark", values="value")
+    assert row["n_seeds"] == 3
+    assert row["mean"] == pytest.approx(avg.mean(axis=1).mean())
+    assert row["std"] == pytest.approx(avg.mean(axis=1).std(ddof=1))
 
 
 @pytest.mark.workflow

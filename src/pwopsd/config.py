@@ -186,6 +186,13 @@ def backend_options(cfg: dict, model: str) -> dict:
     return {"hf_batch_size": cfg["evaluation"]["hf_batch_size"], **entry.get("vllm", {})}
 
 
+def grading_options(cfg: dict) -> dict:
+    """The grading settings that determine verdicts (rule params of ``grade``)."""
+    g = cfg.get("grading", {})
+    return {"timeout": g.get("timeout", 5), "string_fallback": g.get("string_fallback", "parse_failure"),
+            "gold_wrapping": g.get("gold_wrapping", "dollar")}
+
+
 def eval_models(cfg: dict) -> list[str]:
     return list(cfg["evaluation"].get("models") or cfg["models"])
 

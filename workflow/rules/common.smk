@@ -70,13 +70,20 @@ def generation_backend(wildcards):
     return config["evaluation"]["backend"]
 
 
-def all_generations():
-    return expand(
-        "results/generations/{model}/base/{benchmark}/seed-{seed}.parquet",
-        model=EVAL_MODELS,
-        benchmark=BENCHMARKS,
-        seed=SEEDS,
-    )
+
+
+def evaluated_checkpoints():
+    """(model, checkpoint) pairs that are evaluated; the base checkpoint of every evaluated model."""
+    return [(m, "base") for m in EVAL_MODELS]
+
+
+def all_seed_metrics(wildcards=None):
+    return [
+        f"results/metrics/{m}/{c}/{b}/seed-{s}.json"
+        for m, c in evaluated_checkpoints()
+        for b in BENCHMARKS
+        for s in SEEDS
+    ]
 
 
 def all_data():

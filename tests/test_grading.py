@@ -1,0 +1,165 @@
+"""Answer extraction and grading: the reference's extraction rules, every real gold against
+itself and a re-typeset form, math-verify's known traps, the hard time limit."""
+
+import re
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import BENCHMARKS, REPO, require_shared
+from pwopsd.grading import STATUS_TIMEOUT, GraderPool, GradingOptions, extract_boxed, grade_answers, grade_pair
+
+REFERENCE = GradingOptions(string_fallback="exception", gold_wrapping="dollar")
+POWER_TOWER = "\\dfrac{5^{\\left(5^{\\left(5^{\\left(5^5\\right)}\\right)} - 4\\right)} - 5}{16}"
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("so \\boxed{42}.", "42"),
+        ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("nested \\boxed{\\left\\{ 1, \\{2\\} \\right\\}} end", "\\left\\{ 1, \\{2\\} \\right\\}"),
+        ("first \\boxed{1} then \\boxed{ 2 }", "2"),  # the last box, stripped
+        ("<think>\\boxed{7}</think> no box after", "7"),  # thinking part searched
+        ("truncated \\boxed{\\frac{1}{2", None),
+        ("good \\boxed{3} then truncated \\boxed{4", None),  # last one malformed: no fallback
+        ("\\boxed 5", None),
+        ("\\fbox{5}", None),
+        ("no answer", None),
+        ("", None),
+        (None, None),
+        ("\\boxed{}", ""),  # formatted, empty
+    ],
+)
+def test_extract_boxed(text, expected):
+    assert extract_boxed(text) == expected
+
+
+def retypeset(gold: str) -> str:
+    """An equivalent LaTeX form of a gold answer (typesetting changes only)."""
+    s = gold.replace("\\left", "").replace("\\right", "")
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\frac", "\\dfrac")
+    s = s.replace("\\,", "")
+    s = re.sub(r",(?![\d\\])\s*", ", ", s)  # space list commas, not thousands separators
+    if re.fullmatch(r"-?\d+", s.strip()):
+        s = f"{s.strip()}.0"
+    return s
+
+
+@pytest.fixture(scope="module")
+def real_golds():
+    rows = []
+    for name in ("math500", "aime2024", "aime2025", "hmmt_feb2025"):
+        df = pd.read_json(require_shared(BENCHMARKS / f"{name}.jsonl"), lines=True, dtype=False)
+        rows += [(name, str(i), str(a)) for i, a in zip(df["id"], df["answer"])]
+    assert len(rows) == 590
+    return rows
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with GraderPool(workers=2, timeout=10) as p:
+        yield p
+
+
+DOLLAR_GOLDS = {"test/algebra/2626.json", "test/algebra/2780.json", "test/prealgebra/1203.json"}
+
+
+def test_every_real_gold_matches_itself_and_a_retypeset(real_golds, pool):
+    assert sum(retypeset(g) != g for _, _, g in real_golds) > 300  # the transform does change most golds
+    selfs = pool.grade_pairs([(g, g) for _, _, g in real_golds])
+    again = pool.grade_pairs([(g, retypeset(g)) for _, _, g in real_golds])
+    assert [r[1] for r, x in zip(real_golds, selfs) if not x.correct] == []
+    assert [(r[1], r[2]) for r, x in zip(real_golds, again) if not x.correct] == []
+
+
+def test_reference_grader_can_never_score_the_dollar_golds(real_golds):
+    with GraderPool(workers=2, options=REFERENCE) as ref_pool:
+        selfs = ref_pool.grade_pairs([(g, g) for _, _, g in real_golds])
+    assert {r[1] for r, x in zip(real_golds, selfs) if not x.correct} == DOLLAR_GOLDS
+    with GraderPool(workers=2, options=GradingOptions(string_fallback="exception", gold_wrapping="boxed")) as boxed:
+        assert all(g.correct for g in boxed.grade_pairs([("\\$18.90", "18.90"), ("\\$36", "36")]))
+
+
+@pytest.mark.parametrize(
+    "gold,pred,expected",
+    [
+        ("\\frac{1}{2}", "0.5", True),
+        ("(-\\infty, 3)", "x<3", False),  # asymmetry: interval gold vs inequality pred
+        ("x<3", "(-\\infty, 3)", True),
+        ("[2, 5)", "[2,5]", False),
+        ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\frac{\\pi}{2})", True),
+        ("\\{1, 2, 3\\}", "\\{3, 2, 1\\}", True),
+        ("25\\%", "25", False),  # math-verify 0.8.0 (0.9.0 says True)
+        ("25", "25\\%", False),
+        ("0.25", "25\\%", True),
+        ("1,000", "1000", True),
+        ("1,\\!000", "1000", True),
+        ("1000", "1,000", True),
+        ("025", "25", True),
+        ("\\frac{-1+\\sqrt{17}}{2}, \\frac{-1-\\sqrt{17}}{2}", "\\frac{-1+\\sqrt{17}}{2}", False),
+        ("\\pi", "3.14", False),
+        ("10^\\circ", "10", True),
+    ],
+)
+def test_known_traps_match_the_spec(pool, gold, pred, expected):
+    assert pool.grade_pairs([(gold, pred)])[0].correct is expected
+
+
+def test_grade_pair_is_gold_first():
+    assert grade_pair("x<3", "(-\\infty, 3)") and not grade_pair("(-\\infty, 3)", "x<3")
+
+
+def test_string_fallback_modes():
+    # Both sides unparseable: the paper's fallback compares normalized strings, the reference's does not.
+    assert grade_pair("\\$18.90", "\\$18.90", GradingOptions(string_fallback="parse_failure"))
+    assert not grade_pair("\\$18.90", "\\$18.90", REFERENCE)
+    assert not grade_pair("\\$18.90", "\\$19.90", GradingOptions(string_fallback="parse_failure"))
+    with pytest.raises(ValueError, match="grading.string_fallback"):
+        GradingOptions(string_fallback="always")
+
+
+def test_grade_answers_none_scores_false_and_order_is_kept():
+    preds = [None, "2", "\\frac{4}{2}", "3", None]
+    golds = ["2", "2", "2", "2", "2"]
+    assert grade_answers(preds, golds, workers=2) == [False, True, True, False, False]
+    with pytest.raises(ValueError, match="5 predictions but 4 golds"):
+        grade_answers(preds, golds[:4])
+
+
+def test_hanging_input_is_killed_within_the_hard_limit_and_grading_goes_on():
+    with GraderPool(workers=2, timeout=2.0) as pool:
+        t0 = time.monotonic()
+        grades = pool.grade_pairs([("3", POWER_TOWER), ("1", "1"), ("2", "\\frac{4}{2}"), ("4", POWER_TOWER + " ")])
+        elapsed = time.monotonic() - t0
+        assert [g.correct for g in grades] == [False, True, True, False]
+        assert [g.status for g in grades] == [STATUS_TIMEOUT, "ok", "ok", STATUS_TIMEOUT]
+        assert elapsed < 8  # two timeouts of 2 s in parallel (the signal timeout would hang for minutes)
+        assert pool.stats["timeouts"] == 2 and pool.stats["restarts"] == 2
+        assert pool.grade_pairs([("5", "5")])[0].correct  # replaced workers still grade
+
+
+def test_identical_pairs_are_graded_once():
+    with GraderPool(workers=2) as pool:
+        pool.grade_pairs([("2", "2")] * 50 + [("2", "3")] * 10)
+        assert pool.stats["graded"] == 2 and pool.stats["deduplicated"] == 58
+
+
+def test_grading_path_never_evaluates_model_text():
+    """Model outputs reach only math-verify's parser: no eval/exec/sympify in the grading code."""
+    for path in ("grading.py", "metrics.py", "evaluation.py"):
+        src = (REPO / "src" / "pwopsd" / path).read_text()
+        assert not re.search(r"\b(eval|exec|sympify|parse_expr)\s*\(", src), path
+
+
+def test_timeout_inside_a_chunk_blames_only_the_slow_pair():
+    pairs = [(str(i), str(i)) for i in range(60)]
+    pairs[23] = ("20", POWER_TOWER)  # the slow one, in the middle of a chunk
+    with GraderPool(workers=2, timeout=1.0) as pool:
+        assert pool.max_chunk > 1
+        grades = pool.grade_pairs(pairs)
+    assert [k for k, g in enumerate(grades) if g.status != "ok"] == [23]
+    assert grades[23].status == STATUS_TIMEOUT and not grades[23].correct
+    assert all(g.correct for k, g in enumerate(grades) if k != 23)

@@ -1,0 +1,27 @@
+"""Rule aggregate_metrics: per-seed metrics of every evaluated run -> tidy tables over seeds."""
+
+import json
+
+from pwopsd.evaluation import aggregate
+from pwopsd.io import atomic_path, write_parquet
+from pwopsd.runtime import setup_logging
+from pwopsd.standalone import standalone_snakemake
+
+
+def main(snakemake):
+    log = setup_logging(snakemake.log[0])
+    summaries = []
+    for path in snakemake.input.metrics:
+        with open(path) as fh:
+            summaries.append(json.load(fh))
+    per_seed, agg = aggregate(summaries, list(snakemake.params.benchmarks))
+    with atomic_path(snakemake.output.per_seed) as tmp:
+        per_seed.to_csv(tmp, index=False)
+    with atomic_path(snakemake.output.summary) as tmp:
+        agg.drop(columns=["values", "seeds"]).to_csv(tmp, index=False, float_format="%.6f")
+    write_parquet(agg, snakemake.output.summary_parquet)
+    log.info("aggregated %d seed-level results into %d rows", len(summaries), len(agg))
+
+
+if __name__ == "__main__":
+    main(snakemake if "snakemake" in globals() else standalone_snakemake("aggregate_metrics"))  # noqa: F821
