@@ -7,7 +7,6 @@ import logging
 import time
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from .grading import STATUS_TIMEOUT, GraderPool, extract_boxed
@@ -91,6 +90,3 @@ def aggregate(summaries: list[dict], benchmarks: list[str]) -> tuple[pd.DataFram
     agg = agg.sort_values(["model", "checkpoint", "metric", "benchmark"], key=lambda c: c.map(order) if c.name == "benchmark" else c)
     return per_seed, agg.reset_index(drop=True)
 
-
-def values_finite(x) -> bool:
-    return bool(np.all(np.isfinite(np.asarray(x, dtype=float))))
