@@ -1,0 +1,159 @@
+"""Token-level distillation losses of the paper and its baselines (reference forms).
+
+Shapes: logits ``[B, T, V]`` at the completion positions (already sliced so that position ``t``
+predicts token ``tokens[:, t]``), ``mask``/``tokens`` ``[B, T]``. ``mask`` is 1 at valid
+(supervised) positions. All reductions follow ``../shared/spec/reference_implementation.md`` §2:
+
+* :func:`opsd_loss`: full-vocabulary forward KL(teacher || student) at temperature ``temperature``,
+  each vocabulary term clamped from above at ``clip``, global mean over valid tokens.
+* :func:`pwopsd_loss`: the same per-token term weighted by :func:`position_weights`, reduced per
+  sequence (mean over each row's valid tokens, then mean over rows with any) or globally.
+* :func:`eopd_loss`: PPO-clipped sampled-token reverse-KL advantage plus an entropy-gated top-k
+  forward KL (Jin et al. 2026, as the reference implements it).
+* :func:`reopold_loss`: REOPOLD's clipped log-ratio reward policy gradient with the exploration /
+  refinement phase switch (Ko et al. 2026, as the reference implements it).
+
+These forms materialize ``[B, T, V]`` tensors; the training path computes the same values in
+sequence chunks from hidden states (``pwopsd.chunked``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+# The PW-OPSD schedules of the paper (w_min, tau, s).
+SCHEDULES = {
+    "mild": (0.50, 0.20, 0.20),
+    "moderate": (0.25, 0.30, 0.10),
+    "sharp": (0.10, 0.40, 0.05),
+    "aggressive": (0.05, 0.50, 0.05),
+}
+
+
+def normalized_positions(mask: torch.Tensor) -> torch.Tensor:
+    """``r = (k - 0.5) / L_i`` for the k-th valid token of row i (k = 1..L_i); 0 elsewhere."""
+    m = mask.to(torch.float32)
+    lengths = m.sum(dim=1, keepdim=True).clamp(min=1.0)
+    k = torch.cumsum(m, dim=1)
+    return torch.clamp(k - 0.5, min=0.0) * m / lengths
+
+
+def schedule_weight(r: torch.Tensor, *, w_min: float, tau: float, s: float) -> torch.Tensor:
+    """The PW-OPSD schedule ``w(r) = w_min + (1 - w_min) * sigmoid((r - tau) / s)``."""
+    return w_min + (1.0 - w_min) * torch.sigmoid((r - tau) / max(s, 1e-6))
+
+
+def position_weights(mask: torch.Tensor, *, w_min: float, tau: float, s: float) -> torch.Tensor:
+    """PW-OPSD weights ``w(r)`` at each row's normalized positions, 0 at invalid positions."""
+    w = schedule_weight(normalized_positions(mask), w_min=w_min, tau=tau, s=s)
+    return (w * mask.to(w.dtype)).detach()
+
+
+def clipped_forward_kl_terms(student_logits: torch.Tensor, teacher_logits: torch.Tensor, *, temperature: float,
+                             clip: float | None, upcast: bool = True) -> torch.Tensor:
+    """Per-token ``sum_j min(p_T(j) (log p_T(j) - log p_S(j)), clip)`` ``[B, T]``.
+
+    ``upcast=False`` keeps the input dtype (the reference OPSD baseline runs this in bf16).
+    """
+    s, t = student_logits, teacher_logits.detach()
+    if upcast:
+        s, t = s.float(), t.float()
+    log_ps = F.log_softmax(s / temperature, dim=-1)
+    log_pt = F.log_softmax(t / temperature, dim=-1)
+    terms = F.kl_div(log_ps, log_pt, reduction="none", log_target=True)  # p_T (log p_T - log p_S)
+    if clip is not None:
+        terms = terms.clamp(max=clip)
+    return terms.sum(dim=-1)
+
+
+def _zero_with_grad(x: torch.Tensor) -> torch.Tensor:
+    return (x.sum() * 0.0).float()
+
+
+def opsd_loss(student_logits, teacher_logits, mask, *, temperature: float = 1.1, clip: float = 0.05,
+              upcast: bool = True) -> torch.Tensor:
+    m = mask.to(torch.float32)
+    per_token = clipped_forward_kl_terms(student_logits, teacher_logits, temperature=temperature, clip=clip, upcast=upcast)
+    n = m.sum()
+    if n == 0:
+        return _zero_with_grad(student_logits)
+    return (per_token.float() * m).sum() / n
+
+
+def pwopsd_loss(student_logits, teacher_logits, mask, *, temperature: float = 1.1, clip: float = 0.05,
+                w_min: float = 0.25, tau: float = 0.30, s: float = 0.10, reduction: str = "per_sequence") -> torch.Tensor:
+    per_token = clipped_forward_kl_terms(student_logits, teacher_logits, temperature=temperature, clip=clip)
+    return reduce_weighted(per_token, mask, position_weights(mask, w_min=w_min, tau=tau, s=s), reduction=reduction)
+
+
+def reduce_weighted(per_token: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor, *, reduction: str) -> torch.Tensor:
+    """PW-OPSD reductions of weighted per-token losses (shared by the reference and chunked paths)."""
+    m = mask.to(torch.float32)
+    wl = weights * per_token * m
+    if reduction == "global":
+        n = m.sum()
+        return wl.sum() / n if n > 0 else _zero_with_grad(per_token)
+    if reduction != "per_sequence":
+        raise ValueError(f"reduction must be 'per_sequence' or 'global', got {reduction!r}")
+    lengths = m.sum(dim=1)
+    has = lengths > 0
+    if not bool(has.any()):
+        return _zero_with_grad(per_token)
+    per_seq = wl.sum(dim=1) / lengths.clamp(min=1.0)
+    return (per_seq * has).sum() / has.sum().clamp(min=1)
+
+
+def _gather(logp: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+
+
+def eopd_loss(student_logits, teacher_logits, tokens, mask, *, temperature: float = 1.1, entropy_threshold: float = 0.8,
+              top_k: int = 16, ppo_eps: float = 0.2) -> torch.Tensor:
+    m = mask.to(torch.float32)
+    s = student_logits.float() / temperature
+    t = teacher_logits.detach().float() / temperature
+    log_ps = F.log_softmax(s, dim=-1)
+    log_pt = F.log_softmax(t, dim=-1)
+    lps_y, lpt_y = _gather(log_ps, tokens), _gather(log_pt, tokens)
+    adv = lpt_y - lps_y.detach()
+    ratio = torch.exp(lps_y - lps_y.detach())
+    l_opd = torch.maximum(-ratio * adv, -torch.clamp(ratio, 1 - ppo_eps, 1 + ppo_eps) * adv)
+    top_vals, top_idx = t.topk(min(top_k, t.shape[-1]), dim=-1)
+    log_pt_top = F.log_softmax(top_vals, dim=-1)
+    l_fkl = (log_pt_top.exp() * (log_pt_top - log_ps.gather(-1, top_idx))).sum(-1)
+    h_t = -(log_pt.exp() * log_pt).sum(-1)
+    gate = (h_t > entropy_threshold).float()
+    per_token = l_opd + gate * l_fkl
+    n = m.sum()
+    return (per_token * m).sum() / n if n > 0 else _zero_with_grad(student_logits)
+
+
+def reopold_floor(lam: float) -> float:
+    if not 0 < lam < 1:
+        raise ValueError(f"REOPOLD lambda must lie in (0, 1), got {lam}")
+    return math.log(lam) / (1 - lam)
+
+
+def reopold_loss(student_logits, teacher_logits, tokens, mask, *, temperature: float = 1.1, lam: float = 0.1,
+                 beta: float = 0.2, step: int, t_switch: int = 50) -> torch.Tensor:
+    valid = mask.to(torch.float32)
+    log_ps = F.log_softmax(student_logits.float() / temperature, dim=-1)
+    log_pt = F.log_softmax(teacher_logits.detach().float() / temperature, dim=-1)
+    lps_y = _gather(log_ps, tokens) * valid
+    lpt_y = _gather(log_pt, tokens) * valid
+    reward = torch.nan_to_num(lpt_y - lps_y.detach(), nan=0.0, posinf=0.0, neginf=-1e30)
+    floor = reopold_floor(lam)
+    clipped = torch.clamp(reward, min=floor).detach()
+    if step < t_switch:  # exploration: drop tokens whose reward was clipped
+        keep = (reward >= floor).float()
+    else:  # refinement: the top-beta student-entropy tokens of this micro-batch
+        with torch.no_grad():
+            h = -(log_ps.exp() * log_ps).sum(-1)
+            hv = h[valid > 0]
+            q = torch.quantile(hv, 1 - beta) if hv.numel() else h.new_tensor(float("inf"))
+            keep = (h >= q).float()
+    keep = keep * valid
+    return -(clipped * keep * lps_y).sum() / keep.sum().clamp(min=1.0)
