@@ -1,0 +1,185 @@
+"""Distillation losses computed from hidden states in token chunks (the training path).
+
+At paper scale the reference forms in :mod:`pwopsd.losses` need fp32 ``[B, T, V]`` logits for the
+student and the teacher (B=4, T=1024, V=151,936: ~2.5 GB per copy, several copies with the
+softmaxes). Here every loss is written as ``sum_{b,t} c[b,t] * l(z_S[b,t], z_T[b,t], y[b,t])`` with
+detached per-token coefficients ``c`` (the reduction: masks, position weights, normalizers) and a
+per-token term ``l``. Only valid tokens are processed, ``chunk_size`` at a time: the chunk's logits
+``h @ W^T`` are formed, the chunk's loss and its gradient with respect to the student hidden states
+are computed at once (as Liger-Kernel's chunked distillation losses do), and the logits are freed.
+Backward then only scales the stored gradient. Values and gradients equal the reference forms.
+
+REOPOLD's coefficients depend on statistics of the whole micro-batch (the kept-token count, the
+student-entropy quantile), so it makes a cheap no-grad pre-pass over the chunks first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from . import losses as L
+
+TokenLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (zs [n,V], zt [n,V], y [n]) -> [n]
+
+
+class _ChunkedWeightedSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h_s, h_t, weight, tokens, coeff, token_loss: TokenLoss, chunk_size: int):
+        grad_h = torch.zeros_like(h_s) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[2] else None
+        total = torch.zeros((), dtype=torch.float32, device=h_s.device)
+        w_det = weight.detach()
+        for start in range(0, h_s.shape[0], chunk_size):
+            sl = slice(start, start + chunk_size)
+            with torch.enable_grad():
+                hs = h_s[sl].detach().requires_grad_(grad_h is not None)
+                w = w_det.requires_grad_(grad_w is not None) if grad_w is not None else w_det
+                zs = hs @ w.T
+                with torch.no_grad():
+                    zt = h_t[sl] @ w_det.T
+                part = (token_loss(zs, zt, tokens[sl]).float() * coeff[sl]).sum()
+                wanted = [x for x, need in ((hs, grad_h is not None), (w, grad_w is not None)) if need]
+                grads = torch.autograd.grad(part, wanted) if wanted else ()
+            it = iter(grads)
+            if grad_h is not None:
+                grad_h[sl] = next(it)
+            if grad_w is not None:
+                grad_w += next(it).float()
+                w_det = weight.detach()
+            total += part.detach()
+        ctx.save_for_backward(*(g for g in (grad_h, grad_w) if g is not None))
+        ctx.has = (grad_h is not None, grad_w is not None)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        saved = iter(ctx.saved_tensors)
+        gh = next(saved) * grad_out if ctx.has[0] else None
+        gw = (next(saved) * grad_out) if ctx.has[1] else None
+        return gh, None, gw, None, None, None, None
+
+
+def chunked_weighted_sum(h_s, h_t, weight, tokens, coeff, token_loss: TokenLoss, *, chunk_size: int = 256):
+    """``sum_i coeff[i] * token_loss(h_s[i] @ W^T, h_t[i] @ W^T, tokens[i])`` over flattened tokens."""
+    if h_s.shape[0] == 0:
+        return (h_s.sum() * 0.0).float()
+    return _ChunkedWeightedSum.apply(h_s, h_t.detach(), weight, tokens, coeff.detach().float(), token_loss, int(chunk_size))
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-token terms (the same formulas as pwopsd.losses, on [n, V] logits).
+
+
+def _fkl_term(temperature: float, clip: float | None, upcast: bool = True) -> TokenLoss:
+    def term(zs, zt, y):
+        return L.clipped_forward_kl_terms(zs, zt, temperature=temperature, clip=clip, upcast=upcast)
+
+    return term
+
+
+def _eopd_term(temperature: float, entropy_threshold: float, top_k: int, ppo_eps: float) -> TokenLoss:
+    def term(zs, zt, y):
+        s, t = zs.float() / temperature, zt.float() / temperature
+        log_ps, log_pt = F.log_softmax(s, -1), F.log_softmax(t, -1)
+        lps_y = log_ps.gather(-1, y[:, None]).squeeze(-1)
+        lpt_y = log_pt.gather(-1, y[:, None]).squeeze(-1)
+        adv = lpt_y - lps_y.detach()
+        ratio = torch.exp(lps_y - lps_y.detach())
+        l_opd = torch.maximum(-ratio * adv, -torch.clamp(ratio, 1 - ppo_eps, 1 + ppo_eps) * adv)
+        top_vals, top_idx = t.topk(min(top_k, t.shape[-1]), dim=-1)
+        log_pt_top = F.log_softmax(top_vals, -1)
+        l_fkl = (log_pt_top.exp() * (log_pt_top - log_ps.gather(-1, top_idx))).sum(-1)
+        gate = (-(log_pt.exp() * log_pt).sum(-1) > entropy_threshold).float()
+        return l_opd + gate * l_fkl
+
+    return term
+
+
+@dataclass
+class FlatBatch:
+    """Valid tokens of a micro-batch, flattened: hidden states ``[N, H]``, tokens and positions."""
+
+    h_s: torch.Tensor
+    h_t: torch.Tensor
+    tokens: torch.Tensor
+    index: tuple[torch.Tensor, torch.Tensor]  # (rows, cols) of the valid positions
+
+
+def flatten_valid(h_s, h_t, tokens, mask) -> FlatBatch:
+    rows, cols = torch.nonzero(mask > 0, as_tuple=True)
+    return FlatBatch(h_s[rows, cols], h_t[rows, cols], tokens[rows, cols].long(), (rows, cols))
+
+
+def opsd_loss_chunked(h_s, h_t, weight, mask, *, temperature=1.1, clip=0.05, upcast=True, chunk_size=256):
+    flat = flatten_valid(h_s, h_t, torch.zeros_like(mask, dtype=torch.long), mask)
+    n = flat.tokens.numel()
+    coeff = torch.full((n,), 1.0 / max(n, 1), device=h_s.device)
+    return chunked_weighted_sum(flat.h_s, flat.h_t, weight, flat.tokens, coeff, _fkl_term(temperature, clip, upcast),
+                                chunk_size=chunk_size)
+
+
+def pwopsd_token_coefficients(mask, *, w_min, tau, s, reduction) -> torch.Tensor:
+    """``[B, T]`` coefficients c with loss = sum c * l, for the PW-OPSD reductions."""
+    m = mask.to(torch.float32)
+    w = L.position_weights(mask, w_min=w_min, tau=tau, s=s)
+    if reduction == "global":
+        return w * m / m.sum().clamp(min=1.0)
+    if reduction != "per_sequence":
+        raise ValueError(f"reduction must be 'per_sequence' or 'global', got {reduction!r}")
+    lengths = m.sum(dim=1, keepdim=True)
+    rows = (lengths > 0).sum().clamp(min=1)
+    return w * m / lengths.clamp(min=1.0) / rows
+
+
+def pwopsd_loss_chunked(h_s, h_t, weight, mask, *, temperature=1.1, clip=0.05, w_min=0.25, tau=0.30, s=0.10,
+                        reduction="per_sequence", chunk_size=256):
+    coeff = pwopsd_token_coefficients(mask, w_min=w_min, tau=tau, s=s, reduction=reduction)
+    flat = flatten_valid(h_s, h_t, torch.zeros_like(mask, dtype=torch.long), mask)
+    return chunked_weighted_sum(flat.h_s, flat.h_t, weight, flat.tokens, coeff[flat.index], _fkl_term(temperature, clip),
+                                chunk_size=chunk_size)
+
+
+def eopd_loss_chunked(h_s, h_t, weight, tokens, mask, *, temperature=1.1, entropy_threshold=0.8, top_k=16, ppo_eps=0.2,
+                      chunk_size=256):
+    flat = flatten_valid(h_s, h_t, tokens, mask)
+    n = flat.tokens.numel()
+    coeff = torch.full((n,), 1.0 / max(n, 1), device=h_s.device)
+    return chunked_weighted_sum(flat.h_s, flat.h_t, weight, flat.tokens, coeff,
+                                _eopd_term(temperature, entropy_threshold, top_k, ppo_eps), chunk_size=chunk_size)
+
+
+@torch.no_grad()
+def _reopold_stats(flat: FlatBatch, weight, temperature: float, chunk_size: int):
+    rewards, entropies = [], []
+    for start in range(0, flat.tokens.numel(), chunk_size):
+        sl = slice(start, start + chunk_size)
+        log_ps = F.log_softmax((flat.h_s[sl] @ weight.T).float() / temperature, -1)
+        log_pt = F.log_softmax((flat.h_t[sl] @ weight.T).float() / temperature, -1)
+        y = flat.tokens[sl, None]
+        r = log_pt.gather(-1, y).squeeze(-1) - log_ps.gather(-1, y).squeeze(-1)
+        rewards.append(torch.nan_to_num(r, nan=0.0, posinf=0.0, neginf=-1e30))
+        entropies.append(-(log_ps.exp() * log_ps).sum(-1))
+    return torch.cat(rewards), torch.cat(entropies)
+
+
+def reopold_loss_chunked(h_s, h_t, weight, tokens, mask, *, temperature=1.1, lam=0.1, beta=0.2, step: int, t_switch=50,
+                         chunk_size=256):
+    flat = flatten_valid(h_s, h_t, tokens, mask)
+    if flat.tokens.numel() == 0:
+        return (h_s.sum() * 0.0).float()
+    floor = L.reopold_floor(lam)
+    reward, entropy = _reopold_stats(flat, weight.detach(), temperature, chunk_size)
+    if step < t_switch:
+        keep = (reward >= floor).float()
+    else:
+        keep = (entropy >= torch.quantile(entropy, 1 - beta)).float()
+    coeff = -torch.clamp(reward, min=floor) * keep / keep.sum().clamp(min=1.0)
+
+    def term(zs, zt, y):
+        return F.log_softmax(zs.float() / temperature, -1).gather(-1, y[:, None]).squeeze(-1)
+
+    return chunked_weighted_sum(flat.h_s, flat.h_t, weight, flat.tokens, coeff, term, chunk_size=chunk_size)
