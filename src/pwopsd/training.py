@@ -1,0 +1,311 @@
+"""On-policy self-distillation training: one readable loop (nanoGPT style) on accelerate + peft.
+
+Each optimizer step:
+
+1. takes the next ``effective_batch`` training problems in a seeded order (resumable by step);
+2. samples one student rollout per problem from the *current* weights (student prompt, n=1,
+   T=1.1, top_p 0.95, top_k 20, at most ``max_completion_length`` tokens; per-request seeds derived
+   from (seed, step, problem) so a resumed run repeats them exactly);
+3. per micro-batch: assembles the student sequence ``[prompt | PAD.. | completion | PAD..]`` and the
+   privileged teacher sequence ``[teacher prompt | PAD.. | completion | PAD..]`` as the reference
+   does (right-padded prompts, attention mask ``id != pad``, default position ids: the
+   "prompt-PAD gap"), runs the student with the adapter and the teacher with the adapter disabled
+   (no grad), and computes the method's loss from the hidden states in chunks
+   (:mod:`pwopsd.chunked`);
+4. clips the gradient norm and steps AdamW with a linear decay to 0 over ``max_steps``.
+
+Every ``save_every`` steps the adapter, optimizer, scheduler, step and RNG states are written
+atomically to ``<work_dir>/step-XXXXXX``; a restarted run resumes from the latest one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from . import chunked as C
+from . import prompts
+from .generation import GenerationRequest
+from .generation.hf_backend import HFBackend
+from .io import atomic_path
+
+log = logging.getLogger(__name__)
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class TrainConfig:
+    method: str = "pwopsd"  # opsd | pwopsd | eopd | reopold
+    loss: dict[str, Any] = field(default_factory=dict)  # method keyword arguments (w_min, tau, s, reduction, ...)
+    temperature: float = 1.1  # distillation temperature (= rollout temperature, as in the reference)
+    clip: float = 0.05
+    opsd_upcast: bool = False  # reference OPSD computes its loss in the model dtype (bf16 on GPU)
+    lora_r: int = 64
+    lora_alpha: int = 128
+    lora_dropout: float = 0.0  # paper says 0.05; the reference's GOLDConfig zeroes it (effective 0)
+    lora_targets: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    lr: float = 5e-6
+    max_steps: int = 150
+    save_every: int = 25
+    grad_clip: float = 0.1
+    per_device_batch_size: int = 4
+    gradient_accumulation_steps: int = 2
+    seed: int = 42
+    rollout_top_p: float = 0.95
+    rollout_top_k: int = 20
+    max_completion_length: int = 1024
+    chunk_size: int = 128
+    rollout_batch_size: int = 64
+    position_ids: str = "reference"  # reference (prompt-PAD gap kept) | contiguous
+    reopold_t_switch: int = 50
+
+    @property
+    def world_batch(self) -> int:
+        return self.per_device_batch_size * self.gradient_accumulation_steps
+
+
+@dataclass
+class Example:
+    problem: str
+    solution: str
+    answer: str
+
+
+def data_order(n: int, seed: int, epochs: int) -> np.ndarray:
+    """Indices of the training problems in order: a fresh seeded permutation per epoch."""
+    rng = np.random.default_rng(seed)
+    return np.concatenate([rng.permutation(n) for _ in range(epochs)])
+
+
+def rollout_seed(seed: int, step: int, index: int) -> int:
+    return int(np.random.SeedSequence([seed, step, index]).generate_state(1)[0])
+
+
+def assemble(prompt_ids: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int, *,
+             position_mode: str = "reference") -> dict[str, torch.Tensor]:
+    """Sequences ``[prompt | PAD to P | completion | PAD to Tc]`` with the reference's masks.
+
+    Returns ``input_ids``, ``attention_mask`` (id != pad), ``position_ids``, ``prompt_width`` P,
+    ``completion`` ids ``[B, Tc]`` and the loss ``mask`` ``[B, Tc]`` (completion id != pad).
+    """
+    P = max(len(p) for p in prompt_ids)
+    Tc = max(1, max(len(c) for c in completions))
+    rows = []
+    for p, c in zip(prompt_ids, completions):
+        rows.append(list(p) + [pad_id] * (P - len(p)) + list(c) + [pad_id] * (Tc - len(c)))
+    ids = torch.tensor(rows, dtype=torch.long)
+    attn = (ids != pad_id).long()
+    if position_mode == "reference":
+        pos = torch.arange(ids.shape[1]).expand_as(ids).clone()
+    elif position_mode == "contiguous":
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    else:
+        raise ValueError(f"position_ids must be 'reference' or 'contiguous', got {position_mode!r}")
+    completion = ids[:, P:]
+    return {"input_ids": ids, "attention_mask": attn, "position_ids": pos, "prompt_width": torch.tensor(P),
+            "completion": completion, "mask": (completion != pad_id).float()}
+
+
+def completion_hidden(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Last hidden states at the positions that predict the completion tokens ``[B, Tc, H]``."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"])
+    P, Tc = int(batch["prompt_width"]), batch["completion"].shape[1]
+    return out.last_hidden_state[:, P - 1 : P - 1 + Tc]
+
+
+def method_loss(cfg: TrainConfig, h_s, h_t, weight, tokens, mask, step: int) -> torch.Tensor:
+    kw = dict(cfg.loss)
+    if cfg.method == "opsd":
+        return C.opsd_loss_chunked(h_s, h_t, weight, mask, temperature=cfg.temperature, clip=cfg.clip,
+                                   upcast=cfg.opsd_upcast, chunk_size=cfg.chunk_size)
+    if cfg.method == "pwopsd":
+        return C.pwopsd_loss_chunked(h_s, h_t, weight, mask, temperature=cfg.temperature, clip=cfg.clip,
+                                     chunk_size=cfg.chunk_size, **kw)
+    if cfg.method == "eopd":
+        return C.eopd_loss_chunked(h_s, h_t, weight, tokens, mask, temperature=cfg.temperature,
+                                   chunk_size=cfg.chunk_size, **kw)
+    if cfg.method == "reopold":
+        return C.reopold_loss_chunked(h_s, h_t, weight, tokens, mask, temperature=cfg.temperature, step=step,
+                                      t_switch=cfg.reopold_t_switch, chunk_size=cfg.chunk_size, **kw)
+    raise ValueError(f"unknown method {cfg.method!r} (opsd, pwopsd, eopd, reopold)")
+
+
+@torch.no_grad()
+def token_stats(h_s, h_t, weight, mask, temperature: float, chunk_size: int) -> dict[str, float]:
+    """Mean unclipped forward KL(teacher || student) and mean entropies over valid tokens."""
+    flat = C.flatten_valid(h_s, h_t, torch.zeros_like(mask, dtype=torch.long), mask)
+    n = flat.tokens.numel()
+    if n == 0:
+        return {"kl": 0.0, "student_entropy": 0.0, "teacher_entropy": 0.0}
+    kl = hs_ent = ht_ent = 0.0
+    for start in range(0, n, chunk_size):
+        sl = slice(start, start + chunk_size)
+        lps = torch.log_softmax((flat.h_s[sl] @ weight.T).float() / temperature, -1)
+        lpt = torch.log_softmax((flat.h_t[sl] @ weight.T).float() / temperature, -1)
+        kl += float((lpt.exp() * (lpt - lps)).sum())
+        hs_ent += float(-(lps.exp() * lps).sum())
+        ht_ent += float(-(lpt.exp() * lpt).sum())
+    return {"kl": kl / n, "student_entropy": hs_ent / n, "teacher_entropy": ht_ent / n}
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def latest_checkpoint(work_dir: Path) -> Path | None:
+    done = sorted(p for p in work_dir.glob("step-*") if (p / "trainer_state.pt").exists())
+    return done[-1] if done else None
+
+
+class Trainer:
+    def __init__(self, model, tokenizer, examples: list[Example], cfg: TrainConfig, work_dir: str | Path, *,
+                 add_special_tokens: bool = True, think_closure: bool = True, answer_check=None):
+        from peft import LoraConfig, get_peft_model
+
+        self.cfg = cfg
+        self.tok = tokenizer
+        self.examples = examples
+        self.work_dir = Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.answer_check = answer_check
+        torch.manual_seed(cfg.seed)
+        lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                          target_modules=list(cfg.lora_targets), task_type="CAUSAL_LM", bias="none")
+        self.model = get_peft_model(model, lora)
+        self.inner = self.model.base_model.model  # the *ForCausalLM with LoRA layers injected
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: max(0.0, 1.0 - s / cfg.max_steps))
+        self.step = 0
+        self.order = data_order(len(examples), cfg.seed, epochs=1 + cfg.max_steps * cfg.world_batch // max(1, len(examples)))
+        student_style = prompts.STUDENT
+        self.student_ids = [prompts.encode(tokenizer, prompts.render(tokenizer, prompts.student_message(e.problem), student_style,
+                                                                      think_closure=think_closure), add_special_tokens=add_special_tokens)
+                            for e in examples]
+        self.teacher_ids = [prompts.encode(tokenizer, prompts.render(tokenizer, prompts.teacher_message(e.problem, e.solution),
+                                                                      prompts.TEACHER), add_special_tokens=add_special_tokens)
+                            for e in examples]
+        self.device = next(self.model.parameters()).device
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def save(self) -> Path:
+        from peft import get_peft_model_state_dict
+
+        final = self.work_dir / f"step-{self.step:06d}"
+        with atomic_path(final) as tmp:
+            tmp.mkdir()
+            self.model.save_pretrained(tmp)
+            torch.save({"step": self.step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                        "rng": _rng_state(), "adapter": get_peft_model_state_dict(self.model),
+                        "config": asdict(self.cfg)}, tmp / "trainer_state.pt")
+        return final
+
+    def resume(self) -> bool:
+        from peft import set_peft_model_state_dict
+
+        ckpt = latest_checkpoint(self.work_dir)
+        if ckpt is None:
+            return False
+        state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+        set_peft_model_state_dict(self.model, state["adapter"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        _set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        # Steps logged after this checkpoint are redone: drop them from the log.
+        log_path = self.work_dir / "train_log.jsonl"
+        if log_path.exists():
+            kept = [ln for ln in log_path.read_text().splitlines() if ln and json.loads(ln)["step"] <= self.step]
+            log_path.write_text("".join(ln + "\n" for ln in kept))
+        log.info("resumed from %s (step %d)", ckpt, self.step)
+        return True
+
+    # -- one optimizer step ------------------------------------------------------------------
+    def batch_indices(self, step: int) -> list[int]:
+        b = self.cfg.world_batch
+        return [int(i) for i in self.order[step * b : (step + 1) * b]]
+
+    def rollouts(self, idx: list[int], step: int) -> list[list[int]]:
+        self.model.eval()
+        backend = HFBackend(self.inner, self.tok, batch_size=self.cfg.rollout_batch_size)
+        reqs = [GenerationRequest(tuple(self.student_ids[i]), n=1, seed=rollout_seed(self.cfg.seed, step, i),
+                                  temperature=self.cfg.temperature, top_p=self.cfg.rollout_top_p, top_k=self.cfg.rollout_top_k,
+                                  max_new_tokens=self.cfg.max_completion_length) for i in idx]
+        outs = backend.generate(reqs)
+        self.model.train()
+        return [o[0].token_ids for o in outs]
+
+    def train_step(self) -> dict[str, float]:
+        cfg, step = self.cfg, self.step
+        t0 = time.perf_counter()
+        idx = self.batch_indices(step)
+        completions = self.rollouts(idx, step)
+        t_roll = time.perf_counter() - t0
+        weight = self.inner.get_output_embeddings().weight
+        stats = {"loss": 0.0, "kl": 0.0, "student_entropy": 0.0, "teacher_entropy": 0.0}
+        mb = cfg.per_device_batch_size
+        for k in range(cfg.gradient_accumulation_steps):
+            sel = list(range(k * mb, (k + 1) * mb))
+            s_batch = assemble([self.student_ids[idx[j]] for j in sel], [completions[j] for j in sel], self.pad_id,
+                               position_mode=cfg.position_ids)
+            t_batch = assemble([self.teacher_ids[idx[j]] for j in sel], [completions[j] for j in sel], self.pad_id,
+                               position_mode=cfg.position_ids)
+            s_batch = {k2: v.to(self.device) for k2, v in s_batch.items()}
+            t_batch = {k2: v.to(self.device) for k2, v in t_batch.items()}
+            h_s = completion_hidden(self.inner.model, s_batch)
+            with torch.no_grad(), self.model.disable_adapter():
+                h_t = completion_hidden(self.inner.model, t_batch)
+            loss = method_loss(cfg, h_s, h_t, weight, s_batch["completion"], s_batch["mask"], step)
+            (loss / cfg.gradient_accumulation_steps).backward()
+            stats["loss"] += float(loss.detach()) / cfg.gradient_accumulation_steps
+            for key, v in token_stats(h_s.detach(), h_t, weight.detach(), s_batch["mask"], cfg.temperature, cfg.chunk_size).items():
+                stats[key] += v / cfg.gradient_accumulation_steps
+        grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], cfg.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.step += 1
+        lengths = [len(c) for c in completions]
+        stats.update({"step": self.step, "lr": self.sched.get_last_lr()[0], "grad_norm": float(grad_norm),
+                      "rollout_length": float(np.mean(lengths)), "seconds": time.perf_counter() - t0,
+                      "rollout_seconds": t_roll})
+        if self.answer_check is not None:
+            texts = [self.tok.decode(c, skip_special_tokens=True) for c in completions]
+            stats["rollout_accuracy"] = float(np.mean(self.answer_check(texts, [self.examples[i].answer for i in idx])))
+        return stats
+
+    def train(self, *, stop_after: int | None = None) -> list[dict]:
+        """Train to ``max_steps`` (resuming if possible); ``stop_after`` simulates a kill after that many steps."""
+        self.resume()
+        history_path = self.work_dir / "train_log.jsonl"
+        done = 0
+        history = []
+        while self.step < self.cfg.max_steps:
+            stats = self.train_step()
+            history.append(stats)
+            with open(history_path, "a") as fh:
+                fh.write(json.dumps(stats) + "\n")
+            log.info("step %d/%d loss %.5f kl %.4f len %.1f %.2fs", self.step, self.cfg.max_steps, stats["loss"],
+                     stats["kl"], stats["rollout_length"], stats["seconds"])
+            if self.step % self.cfg.save_every == 0 or self.step == self.cfg.max_steps:
+                self.save()
+            done += 1
+            if stop_after is not None and done >= stop_after:
+                break
+        return history
