@@ -1,0 +1,102 @@
+"""LaTeX tables in the paper's layouts, generated from the tidy aggregate metrics
+(``results/metrics/summary.parquet``: model, checkpoint, benchmark, metric, mean, std, n_seeds).
+
+* :func:`method_benchmark_table`: Tables 2 and 3 (rows: method x benchmark; columns Pass/Avg/Maj@N;
+  mean ± std; bold = column best and anything within ``bold_within`` pp of it).
+* :func:`cross_model_table`: Table 4 (rows: model x method; columns: Avg@N per benchmark and the
+  equal-weight benchmark mean; bold = within-model winner per column, within ``bold_within``).
+* :func:`ablation_table`: Table 5 (rows: the 2x2 cells; one benchmark column; bold = column max).
+
+Values that are missing render as ``--``. Nothing downstream parses LaTeX back.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import pandas as pd
+
+METRIC_HEADERS = {"pass": "Pass@{n}", "avg": "Avg@{n}", "maj": "Maj@{n}", "maj_string": "Maj-str@{n}", "format_rate": "Format"}
+
+
+def cell(mean: float | None, std: float | None, bold: bool = False, digits: int = 2) -> str:
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "--"
+    body = f"{mean:.{digits}f}"
+    if std is not None and not (isinstance(std, float) and math.isnan(std)):
+        body += f" \\pm {std:.{digits}f}"
+    return f"$\\mathbf{{{body}}}$" if bold else f"${body}$"
+
+
+def bold_flags(values: Sequence[float | None], within: float = 0.1) -> list[bool]:
+    """Bold the best (largest) value and every value within ``within`` of it (on unrounded means)."""
+    present = [v for v in values if v is not None and not math.isnan(v)]
+    if not present:
+        return [False] * len(values)
+    best = max(present)
+    return [v is not None and not math.isnan(v) and best - v <= within + 1e-9 for v in values]
+
+
+def lookup(summary: pd.DataFrame, model: str, checkpoint: str, benchmark: str, metric: str) -> tuple[float | None, float | None]:
+    row = summary[(summary["model"] == model) & (summary["checkpoint"] == checkpoint)
+                  & (summary["benchmark"] == benchmark) & (summary["metric"] == metric)]
+    if row.empty:
+        return None, None
+    return float(row["mean"].iloc[0]), float(row["std"].iloc[0])
+
+
+def _wrap(body: list[str], caption: str, label: str, colspec: str, resize: bool = False) -> str:
+    lines = ["\\begin{table}[t]", "\\centering", "\\small", f"\\caption{{{caption}}}", f"\\label{{{label}}}"]
+    if resize:
+        lines.append("\\resizebox{\\linewidth}{!}{%")
+    lines += [f"\\begin{{tabular}}{{{colspec}}}", "\\toprule", *body, "\\bottomrule", "\\end{tabular}"]
+    if resize:
+        lines.append("}")
+    lines.append("\\end{table}")
+    return "\n".join(lines) + "\n"
+
+
+def method_benchmark_table(summary, *, model: str, rows: Sequence[tuple[str, str]], benchmarks: Sequence[tuple[str, str]],
+                           metrics: Sequence[str] = ("pass", "avg", "maj"), n: int = 12, caption: str, label: str,
+                           bold_within: float = 0.1, group_rule: str = "\\midrule", first_header: str = "Method") -> str:
+    """``rows``: (checkpoint, display label); ``benchmarks``: (name, display label)."""
+    cols = {(b, m): [lookup(summary, model, ckpt, b, m) for ckpt, _ in rows] for b, _ in benchmarks for m in metrics}
+    bold = {k: bold_flags([mean for mean, _ in v], bold_within) for k, v in cols.items()}
+    header = " & ".join([first_header, "Benchmark"] + [METRIC_HEADERS[m].format(n=n) for m in metrics]) + " \\\\"
+    body = [header, "\\midrule"]
+    for i, (ckpt, name) in enumerate(rows):
+        if i:
+            body.append(group_rule)
+        for j, (b, blabel) in enumerate(benchmarks):
+            lead = f"\\multirow{{{len(benchmarks)}}}{{*}}{{{name}}}" if j == 0 else ""
+            cells = [cell(*cols[(b, m)][i], bold=bold[(b, m)][i]) for m in metrics]
+            body.append(" & ".join([lead, blabel] + cells) + " \\\\")
+    return _wrap(body, caption, label, "ll" + "c" * len(metrics))
+
+
+def cross_model_table(summary, *, models: Sequence[tuple[str, str]], methods: Sequence[tuple[str, str]],
+                      benchmarks: Sequence[tuple[str, str]], metric: str = "avg", n: int = 12, mean_label: str | None = None,
+                      caption: str, label: str, bold_within: float = 0.1) -> str:
+    """Rows model x method (``methods``: (checkpoint, label)); the last column is the benchmark mean."""
+    columns = list(benchmarks) + [("mean", mean_label or METRIC_HEADERS[metric].format(n=n))]
+    header = " & ".join(["Model", "Method"] + [lbl for _, lbl in columns]) + " \\\\"
+    body = [header, "\\midrule"]
+    for i, (model, mlabel) in enumerate(models):
+        if i:
+            body.append("\\midrule")
+        vals = {b: [lookup(summary, model, ckpt, b, metric) for ckpt, _ in methods] for b, _ in columns}
+        bold = {b: bold_flags([mean for mean, _ in v], bold_within) for b, v in vals.items()}
+        for j, (ckpt, name) in enumerate(methods):
+            lead = f"\\multirow{{{len(methods)}}}{{*}}{{{mlabel}}}" if j == 0 else ""
+            body.append(" & ".join([lead, name] + [cell(*vals[b][j], bold=bold[b][j]) for b, _ in columns]) + " \\\\")
+    return _wrap(body, caption, label, "ll" + "c" * len(columns), resize=True)
+
+
+def ablation_table(summary, *, model: str, cells: Sequence[tuple[str, str]], benchmark: tuple[str, str], metric: str = "avg",
+                   caption: str, label: str) -> str:
+    vals = [lookup(summary, model, ckpt, benchmark[0], metric) for ckpt, _ in cells]
+    bold = bold_flags([m for m, _ in vals], within=0.0)
+    body = [f"Configuration & {benchmark[1]} \\\\", "\\midrule"]
+    body += [f"{name} & {cell(*v, bold=b)} \\\\" for (_, name), v, b in zip(cells, vals, bold)]
+    return _wrap(body, caption, label, "lc")
