@@ -21,6 +21,8 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/generate.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/tables.smk"
 
 
 rule all:
@@ -28,3 +30,4 @@ rule all:
     input:
         all_data(),
         "results/metrics/summary.csv",
+        all_tables_and_figures(),

@@ -28,7 +28,7 @@ def test_data_order_is_a_seeded_permutation_per_epoch():
 
 
 def _examples(n=64):
-    return [Example(p.problem, p.reference_solution, str(p.answer)) for p in sample_problems(3, n, [1, 2], 20)]
+    return [Example(p.problem, p.reference_solution(), str(p.answer)) for p in sample_problems(3, n, [1, 2], 20)]
 
 
 def _check(texts, answers):
@@ -84,3 +84,29 @@ def test_killed_run_resumes_to_the_same_adapter(tmp_path, model_factory, tiny_to
         assert torch.equal(a[k], b[k]), k
     steps = [json.loads(x)["step"] for x in (tmp_path / "killed" / "train_log.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]  # the redone step 3 is logged once
+
+
+def test_merged_adapter_reproduces_the_trained_model(tmp_path, model_factory, tiny_tokenizer):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pwopsd.training import merge_adapter
+
+    tr = _trainer(model_factory, tiny_tokenizer, tmp_path / "run", steps=2)
+    tr.train()
+    # Make the adapter clearly non-trivial so that merging is exercised.
+    with torch.no_grad():
+        for name, p in tr.model.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.05)
+    tr.model.save_pretrained(tmp_path / "adapter")
+    x = torch.tensor([tiny_tokenizer("Compute 4 + 5.")["input_ids"]])
+    with torch.no_grad():
+        expected = tr.model(input_ids=x).logits
+        base = model_factory()
+        assert not torch.allclose(base(input_ids=x).logits, expected, atol=1e-4)
+    merge_adapter(base, tiny_tokenizer, tmp_path / "adapter", tmp_path / "merged")
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=x).logits, expected, atol=1e-4, rtol=1e-4)
+    assert (tmp_path / "merged" / "model.safetensors").exists()
+    assert AutoTokenizer.from_pretrained(tmp_path / "merged")("1 + 1")["input_ids"] == tiny_tokenizer("1 + 1")["input_ids"]

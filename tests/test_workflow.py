@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -35,17 +36,31 @@ def run_snakemake(args, cwd=REPO, env=None, check=True):
 def test_paper_dry_run_lists_data_and_generation_jobs():
     proc = run_snakemake(["-n", "--quiet", "rules"])
     counts = job_counts(proc.stdout + proc.stderr)
-    assert counts["generate"] == 3 * 4 * 3
-    assert counts["prepare_benchmark"] == 4 and counts["fetch_model"] == 3
-    assert counts["prepare_train_corpus"] == 1
-    assert counts["grade"] == 3 * 4 * 3 and counts["aggregate_metrics"] == 1
+    runs = 9 + 2 + 2  # Qwen3-4B: 5 methods + 3 more schedules + 2 ablation cells; DSR1 and Olmo: OPSD, PW-OPSD
+    seeds = 3
+    assert counts["prepare_benchmark"] == 4 and counts["fetch_model"] == 3 and counts["prepare_train_corpus"] == 1
+    # one generation and one grading job per (model, checkpoint, seed), each covering the 4 benchmarks
+    assert counts["generate"] == (3 + runs) * seeds and counts["grade"] == (3 + runs) * seeds
+    assert counts["train"] == runs and counts["merge_adapter"] == runs
+    assert counts["table"] == 4 and counts["schedules_figure"] == 1 and counts["aggregate_metrics"] == 1
     assert "build_tiny_model" not in counts
+
+
+def test_main_table_dry_run_lists_exactly_the_papers_runs():
+    proc = run_snakemake(["-n", "results/tables/main_4b.tex"])
+    out = proc.stdout + proc.stderr
+    counts = job_counts(out)
+    assert counts == {"fetch_model": 1, "prepare_benchmark": 4, "prepare_train_corpus": 1, "train": 5, "merge_adapter": 5,
+                      "generate": 15, "grade": 15, "table": 1, "total": 47}
+    trained = set(re.findall(r"wildcards: model=(\w+), method=(\w+)", out))
+    assert trained == {("qwen3_4b", m) for m in ("opsd", "eopd", "reopold", "pwopsd_moderate", "pwopsd_aggressive")}
 
 
 def test_paper_generation_jobs_request_the_model_gpus():
     proc = run_snakemake(["-n", "results/generations/dsr1_llama_8b/base/aime2025/seed-main.parquet"])
     out = proc.stdout + proc.stderr
     assert re.search(r"rule generate:.*?resources: [^\n]*gpu=4", out, re.S)
+    assert "aime2025/seed-main.parquet" in out and "math500/seed-main.parquet" in out  # one job, all benchmarks
     assert re.search(r"rule prepare_benchmark:(?:(?!rule ).)*?resources: (?:(?!gpu).)*$", out, re.S | re.M)
 
 
@@ -110,6 +125,42 @@ def test_tiny_run_grades_and_aggregates_over_seeds(tiny_run):
     assert row["n_seeds"] == 3
     assert row["mean"] == pytest.approx(avg.mean(axis=1).mean())
     assert row["std"] == pytest.approx(avg.mean(axis=1).std(ddof=1))
+
+
+TINY_METHODS = ["opsd", "eopd", "reopold", "pwopsd_mild", "pwopsd_moderate", "pwopsd_sharp", "pwopsd_aggressive",
+                "uniform_perseq", "posw_global"]
+
+
+@pytest.mark.workflow
+def test_tiny_run_trains_every_method_and_merges(tiny_run):
+    workdir, _ = tiny_run
+    for method in TINY_METHODS:
+        log = [json.loads(x) for x in (workdir / f"results/training/tiny_qwen3/{method}/train_log.jsonl").read_text().splitlines()]
+        assert [x["step"] for x in log] == list(range(1, 25)), method
+        assert log[-1]["lr"] == 0.0 and all(np.isfinite(x["loss"]) for x in log)
+        assert (workdir / f"results/training/tiny_qwen3/{method}/adapter/adapter_model.safetensors").exists()
+        manifest = json.loads((workdir / f"results/models/tiny_qwen3/{method}/manifest.json").read_text())
+        assert manifest["step"] == 16 and (workdir / manifest["path"] / "model.safetensors").exists()
+        assert (workdir / f"results/metrics/tiny_qwen3/{method}/arith_l1/seed-2.json").exists()
+
+
+@pytest.mark.workflow
+def test_tiny_run_writes_tables_and_figures(tiny_run):
+    workdir, _ = tiny_run
+    main = (workdir / "results/tables/main_4b.tex").read_text()
+    assert main.count("\\multirow{4}{*}") == 5 and "Pass@12 & Avg@12 & Maj@12" in main and "--" not in main
+    assert main.count("\\mathbf") >= 12  # at least one bold cell per benchmark-metric column
+    sched = (workdir / "results/tables/schedules_4b.tex").read_text()
+    assert sched.count("\\multirow{4}{*}") == 4 and sched.count("\\cmidrule") == 3
+    cross = (workdir / "results/tables/cross_model.tex").read_text()
+    assert "Tiny-Qwen3" in cross and "Arith-3w & Avg@12" in cross
+    ablation = (workdir / "results/tables/ablation_4b.tex").read_text()
+    assert ablation.count("\\mathbf") == 1 and "Pos-w / global" in ablation
+    numbers = pd.read_csv(workdir / "results/tables/main_4b.csv")
+    assert set(numbers["checkpoint"]) == {"opsd", "eopd", "reopold", "pwopsd_moderate", "pwopsd_aggressive"}
+    for fig in ("pwopsd_schedules", "training_curves_tiny_qwen3"):
+        assert (workdir / f"results/figures/{fig}.pdf").read_bytes()[:5] == b"%PDF-"
+        assert len(pd.read_csv(workdir / f"results/figures/{fig}.csv")) > 0
 
 
 @pytest.mark.workflow

@@ -111,6 +111,41 @@ def _semantic_problems(cfg: dict) -> list[str]:
         problems.append(f"evaluation.backend: 'vllm' needs GPUs but models.{zero[0]}.gpus.generate is 0 (use 'hf')")
     if ev["temperature"] == 0 and ev["n"] > 1:
         problems.append("evaluation.temperature: 0 (greedy) with evaluation.n > 1 gives identical samples")
+    tr = cfg.get("training")
+    if tr is not None:
+        for i, model in enumerate(tr.get("models", [])):
+            if model not in cfg["models"]:
+                problems.append(f"training.models.{i}: {model!r} is not a configured model")
+        if tr["eval_step"] > tr["max_steps"]:
+            problems.append(f"training.eval_step: {tr['eval_step']} is beyond training.max_steps={tr['max_steps']}")
+        if tr["eval_step"] % tr["save_every"]:
+            problems.append(f"training.eval_step: {tr['eval_step']} is not a multiple of training.save_every={tr['save_every']}")
+        for name in trained_models(cfg):
+            m = cfg["models"][name]
+            world = m["train"]["per_device_batch_size"] * m["train"]["gradient_accumulation_steps"] * max(1, m["gpus"]["train"])
+            if world != tr["effective_batch"]:
+                problems.append(
+                    f"models.{name}.train: per_device_batch_size x gradient_accumulation_steps x gpus.train = {world}, "
+                    f"but training.effective_batch is {tr['effective_batch']}")
+    methods = cfg.get("methods", {})
+    tables = cfg.get("tables", {})
+    for key in ("main", "schedules", "cross_model"):
+        for i, meth in enumerate(tables.get(key, {}).get("methods", [])):
+            if meth not in methods:
+                problems.append(f"tables.{key}.methods.{i}: {meth!r} is not a configured method")
+    for i, c in enumerate(tables.get("ablation", {}).get("cells", [])):
+        if c["method"] not in methods:
+            problems.append(f"tables.ablation.cells.{i}.method: {c['method']!r} is not a configured method")
+    for key in ("main", "schedules", "ablation"):
+        if key in tables and tables[key]["model"] not in cfg["models"]:
+            problems.append(f"tables.{key}.model: {tables[key]['model']!r} is not a configured model")
+    if "ablation" in tables and tables["ablation"]["benchmark"] not in cfg["benchmarks"]:
+        problems.append(f"tables.ablation.benchmark: {tables['ablation']['benchmark']!r} is not a configured benchmark")
+    for i, model in enumerate(tables.get("cross_model", {}).get("models", [])):
+        if model not in cfg["models"]:
+            problems.append(f"tables.cross_model.models.{i}: {model!r} is not a configured model")
+    if tables and "training" not in cfg:
+        problems.append("tables: needs a 'training' section (the tables compare trained methods)")
     tiny = cfg.get("tiny")
     if tiny and "student_accuracy_range" in tiny:
         lo, hi = tiny["student_accuracy_range"]
@@ -191,6 +226,57 @@ def grading_options(cfg: dict) -> dict:
     g = cfg.get("grading", {})
     return {"timeout": g.get("timeout", 5), "string_fallback": g.get("string_fallback", "parse_failure"),
             "gold_wrapping": g.get("gold_wrapping", "dollar")}
+
+
+def trained_models(cfg: dict) -> list[str]:
+    tr = cfg.get("training")
+    if tr is None:
+        return []
+    return list(tr.get("models") or cfg["models"])
+
+
+def table_runs(cfg: dict) -> dict[str, list[tuple[str, str]]]:
+    """(model, method) runs each table needs, in table order."""
+    t = cfg.get("tables", {})
+    runs: dict[str, list[tuple[str, str]]] = {}
+    if "main" in t:
+        runs["main"] = [(t["main"]["model"], m) for m in t["main"]["methods"]]
+    if "schedules" in t:
+        runs["schedules"] = [(t["schedules"]["model"], m) for m in t["schedules"]["methods"]]
+    if "cross_model" in t:
+        models = t["cross_model"].get("models") or list(cfg["models"])
+        runs["cross_model"] = [(mo, me) for mo in models for me in t["cross_model"]["methods"]]
+    if "ablation" in t:
+        runs["ablation"] = [(t["ablation"]["model"], c["method"]) for c in t["ablation"]["cells"]]
+    return runs
+
+
+def training_config(cfg: dict, model: str, method: str) -> dict:
+    """Everything that determines one training run (rule params of ``train``)."""
+    tr, meth, entry = cfg["training"], cfg["methods"][method], cfg["models"][model]
+    return {
+        "method": meth["loss"],
+        "loss": dict(meth.get("params", {})),
+        "reopold_t_switch": meth.get("t_switch", 50),
+        "temperature": tr["temperature"],
+        "clip": tr["clip"],
+        "opsd_upcast": tr["opsd_upcast"],
+        "lora_r": tr["lora"]["r"],
+        "lora_alpha": tr["lora"]["alpha"],
+        "lora_dropout": tr["lora"]["dropout"],
+        "lora_targets": list(tr["lora"]["targets"]),
+        "lr": tr["lr"],
+        "max_steps": tr["max_steps"],
+        "save_every": tr["save_every"],
+        "grad_clip": tr["grad_clip"],
+        "per_device_batch_size": entry["train"]["per_device_batch_size"],
+        "gradient_accumulation_steps": entry["train"]["gradient_accumulation_steps"],
+        "seed": tr["seed"],
+        "rollout_top_p": tr["rollout_top_p"],
+        "rollout_top_k": tr["rollout_top_k"],
+        "max_completion_length": tr["max_completion_length"],
+        "position_ids": tr["position_ids"],
+    }
 
 
 def eval_models(cfg: dict) -> list[str]:

@@ -53,3 +53,35 @@ def schedules_figure(schedules: dict[str, tuple[float, float, float]], pdf_path:
     with atomic_path(csv_path) as tmp:
         curves.to_csv(tmp, index=False, float_format="%.6f")
     return curves
+
+
+def training_curves(log_paths: dict[str, str | Path], pdf_path: str | Path, csv_path: str | Path) -> pd.DataFrame:
+    """Per-step loss, KL, rollout length and rollout accuracy of one or more runs."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    frames = []
+    for run, path in log_paths.items():
+        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        frames.append(pd.DataFrame(rows).assign(run=run))
+    data = pd.concat(frames, ignore_index=True)
+    panels = [c for c in ("loss", "kl", "rollout_length", "rollout_accuracy") if c in data]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.6))
+    for ax, col in zip(np.atleast_1d(axes), panels):
+        for run, grp in data.groupby("run", sort=False):
+            ax.plot(grp["step"], grp[col], label=run, lw=1.2)
+        ax.set_title(col.replace("_", " "), fontsize=10)
+        ax.set_xlabel("step")
+    np.atleast_1d(axes)[0].legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_path(pdf_path) as tmp:
+        fig.savefig(tmp, format="pdf")
+    plt.close(fig)
+    cols = ["run", "step"] + panels
+    with atomic_path(csv_path) as tmp:
+        data[cols].to_csv(tmp, index=False)
+    return data[cols]

@@ -161,9 +161,9 @@ def make_backend(name: str, manifest: dict, *, dtype: str, max_model_len: int, m
     )
 
 
-def run_generation(
+def run_generations(
     *,
-    benchmark: pd.DataFrame,
+    benchmarks: list[tuple[str, pd.DataFrame, str | Path]],
     manifest: dict,
     settings: dict,
     seed: int | None,
@@ -171,10 +171,11 @@ def run_generation(
     dtype: str,
     backend_name: str,
     backend_options: dict | None,
-    output: str | Path,
     metadata: dict[str, Any],
-) -> pd.DataFrame:
-    """Evaluation-prompt sampling of one checkpoint on one benchmark (what rule ``generate`` runs).
+) -> None:
+    """Evaluation-prompt sampling of one checkpoint on several benchmarks (what rule ``generate``
+    runs): the model is loaded (or the engine started) once; ``benchmarks`` holds
+    ``(name, table, output path)``.
 
     ``settings`` are the evaluation sampling settings (``pwopsd.config.eval_sampling_settings``).
     """
@@ -182,21 +183,24 @@ def run_generation(
 
     sampling = SamplingConfig.from_evaluation(settings, seed)
     tokenizer = load_tokenizer(manifest)
-    ids = eval_prompt_ids(
-        tokenizer,
-        list(benchmark["problem"]),
-        enable_thinking=bool(settings.get("enable_thinking", True)),
-        add_special_tokens=bool(chat_template.get("add_special_tokens", True)),
-    )
     backend = make_backend(backend_name, manifest, dtype=dtype, max_model_len=sampling.max_model_len,
                            min_p=sampling.min_p, options=backend_options, tokenizer=tokenizer)
-    meta = {
-        **metadata,
-        "model_path": manifest["path"],
-        "hf_id": manifest.get("hf_id"),
-        "revision": manifest.get("revision"),
-        "prompt": "eval",
-        "enable_thinking": bool(settings.get("enable_thinking", True)),
-        "chat_template": chat_template,
-    }
-    return sample_benchmark(backend, list(benchmark["id"]), ids, sampling, output=output, metadata=meta)
+    for name, table, output in benchmarks:
+        ids = eval_prompt_ids(
+            tokenizer,
+            list(table["problem"]),
+            enable_thinking=bool(settings.get("enable_thinking", True)),
+            add_special_tokens=bool(chat_template.get("add_special_tokens", True)),
+        )
+        meta = {
+            **metadata,
+            "benchmark": name,
+            "model_path": manifest["path"],
+            "hf_id": manifest.get("hf_id"),
+            "revision": manifest.get("revision"),
+            "prompt": "eval",
+            "enable_thinking": bool(settings.get("enable_thinking", True)),
+            "chat_template": chat_template,
+        }
+        log.info("sampling %s (%d problems)", name, len(table))
+        sample_benchmark(backend, list(table["id"]), ids, sampling, output=output, metadata=meta)

@@ -94,9 +94,49 @@ def cross_model_table(summary, *, models: Sequence[tuple[str, str]], methods: Se
 
 
 def ablation_table(summary, *, model: str, cells: Sequence[tuple[str, str]], benchmark: tuple[str, str], metric: str = "avg",
-                   caption: str, label: str) -> str:
+                   n: int = 12, caption: str, label: str) -> str:
     vals = [lookup(summary, model, ckpt, benchmark[0], metric) for ckpt, _ in cells]
     bold = bold_flags([m for m, _ in vals], within=0.0)
     body = [f"Configuration & {benchmark[1]} \\\\", "\\midrule"]
     body += [f"{name} & {cell(*v, bold=b)} \\\\" for (_, name), v, b in zip(cells, vals, bold)]
     return _wrap(body, caption, label, "lc")
+
+
+def _label(spec: dict, method: str) -> str:
+    return spec["methods_config"].get(method, {}).get("label", method)
+
+
+def render_table(summary, spec: dict, benchmarks: Sequence[str]) -> str:
+    """The table described by a ``tables.<kind>`` config entry (as assembled by the workflow)."""
+    bl = [(b, spec["benchmark_labels"].get(b, b)) for b in benchmarks]
+    n = spec.get("n", 12)
+    kind = spec["kind"]
+    if kind in ("main", "schedules"):
+        model = spec["model"]
+        rows = [(m, _label(spec, m)) for m in spec["methods"]]
+        mlabel = spec["model_labels"].get(model, model)
+        if kind == "main":
+            caption = (f"{mlabel} results. Entries report mean $\\pm$ standard deviation across evaluation seeds. "
+                       "Bold marks the best value for each benchmark--metric column and any value within 0.1 pp of the leader.")
+            return method_benchmark_table(summary, model=model, rows=rows, benchmarks=bl, n=n, caption=caption,
+                                          label="tab:main-4b")
+        caption = (f"Position-schedule sweep on {mlabel}. Mean $\\pm$ standard deviation across evaluation seeds; "
+                   "bold marks the best value for each benchmark--metric column within the sweep.")
+        return method_benchmark_table(summary, model=model, rows=rows, benchmarks=bl, n=n, caption=caption,
+                                      label="tab:pwopsd-ablation", group_rule="\\cmidrule(l){2-5}", first_header="Config")
+    if kind == "cross_model":
+        models = [(m, spec["model_labels"].get(m, m)) for m in spec["models"]]
+        caption = ("Cross-model Avg@" + str(n) + " of the methods. Mean $\\pm$ across-seed sample standard deviation; "
+                   "the last column is the equal-weight mean across the benchmarks, computed from unrounded seed-level "
+                   "values. Bold marks the within-model winner in each column, including values within 0.1 pp.")
+        return cross_model_table(summary, models=models, methods=[(m, _label(spec, m)) for m in spec["methods"]],
+                                 benchmarks=bl, n=n, caption=caption, label="tab:cross-model")
+    if kind == "ablation":
+        b = spec["benchmark"]
+        caption = (f"$2\\times2$ ablation on {spec['model_labels'].get(spec['model'], spec['model'])} "
+                   f"{spec['benchmark_labels'].get(b, b)}: reduction by positioning. Avg@{n} mean $\\pm$ sample standard "
+                   "deviation across evaluation seeds. Bold marks the column maximum.")
+        return ablation_table(summary, model=spec["model"], cells=[(c["method"], c["label"]) for c in spec["cells"]],
+                              benchmark=(b, spec["benchmark_labels"].get(b, b)), n=n, caption=caption,
+                              label="tab:reduction-ablation")
+    raise ValueError(f"unknown table kind {kind!r}")

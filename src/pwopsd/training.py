@@ -69,8 +69,18 @@ class TrainConfig:
     reopold_t_switch: int = 50
 
     @property
-    def world_batch(self) -> int:
+    def rank_batch(self) -> int:
+        """Problems per optimizer step on one process."""
         return self.per_device_batch_size * self.gradient_accumulation_steps
+
+
+def dist_info() -> tuple[int, int]:
+    """(rank, world size) of the torch.distributed group, (0, 1) without one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 @dataclass
@@ -193,7 +203,9 @@ class Trainer:
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: max(0.0, 1.0 - s / cfg.max_steps))
         self.step = 0
-        self.order = data_order(len(examples), cfg.seed, epochs=1 + cfg.max_steps * cfg.world_batch // max(1, len(examples)))
+        self.rank, self.world = dist_info()
+        world_batch = cfg.rank_batch * self.world
+        self.order = data_order(len(examples), cfg.seed, epochs=1 + cfg.max_steps * world_batch // max(1, len(examples)))
         student_style = prompts.STUDENT
         self.student_ids = [prompts.encode(tokenizer, prompts.render(tokenizer, prompts.student_message(e.problem), student_style,
                                                                       think_closure=think_closure), add_special_tokens=add_special_tokens)
@@ -204,9 +216,11 @@ class Trainer:
         self.device = next(self.model.parameters()).device
 
     # -- checkpoints -------------------------------------------------------------------------
-    def save(self) -> Path:
+    def save(self) -> Path | None:
         from peft import get_peft_model_state_dict
 
+        if self.rank != 0:
+            return None
         final = self.work_dir / f"step-{self.step:06d}"
         with atomic_path(final) as tmp:
             tmp.mkdir()
@@ -238,8 +252,10 @@ class Trainer:
 
     # -- one optimizer step ------------------------------------------------------------------
     def batch_indices(self, step: int) -> list[int]:
-        b = self.cfg.world_batch
-        return [int(i) for i in self.order[step * b : (step + 1) * b]]
+        """This process's share of the step's problems (the world batch is split by rank)."""
+        b = self.cfg.rank_batch
+        start = (step * self.world + self.rank) * b
+        return [int(i) for i in self.order[start : start + b]]
 
     def rollouts(self, idx: list[int], step: int) -> list[list[int]]:
         self.model.eval()
@@ -276,7 +292,16 @@ class Trainer:
             stats["loss"] += float(loss.detach()) / cfg.gradient_accumulation_steps
             for key, v in token_stats(h_s.detach(), h_t, weight.detach(), s_batch["mask"], cfg.temperature, cfg.chunk_size).items():
                 stats[key] += v / cfg.gradient_accumulation_steps
-        grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], cfg.grad_clip)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        if self.world > 1:  # average the (small) LoRA gradients over the processes
+            import torch.distributed as dist
+
+            for p in trainable:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad)
+                p.grad /= self.world
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
         self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
@@ -299,8 +324,9 @@ class Trainer:
         while self.step < self.cfg.max_steps:
             stats = self.train_step()
             history.append(stats)
-            with open(history_path, "a") as fh:
-                fh.write(json.dumps(stats) + "\n")
+            if self.rank == 0:
+                with open(history_path, "a") as fh:
+                    fh.write(json.dumps(stats) + "\n")
             log.info("step %d/%d loss %.5f kl %.4f len %.1f %.2fs", self.step, self.cfg.max_steps, stats["loss"],
                      stats["kl"], stats["rollout_length"], stats["seconds"])
             if self.step % self.cfg.save_every == 0 or self.step == self.cfg.max_steps:
@@ -309,3 +335,14 @@ class Trainer:
             if stop_after is not None and done >= stop_after:
                 break
         return history
+
+
+def merge_adapter(model, tokenizer, adapter_dir: str | Path, out_dir: str | Path) -> Path:
+    """Merge a LoRA adapter into ``model`` and save a standalone checkpoint (safetensors + tokenizer)."""
+    from peft import PeftModel
+
+    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    with atomic_path(out_dir) as tmp:
+        merged.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+    return Path(out_dir)

@@ -23,6 +23,9 @@ BUILT_MODELS = cfgmod.built_models(config)
 BENCHMARKS = list(config["benchmarks"])
 SEEDS = cfgmod.seed_names(config)
 EVAL_MODELS = cfgmod.eval_models(config)
+METHODS = list(config.get("methods", {}))
+TABLE_RUNS = cfgmod.table_runs(config)
+TABLE_OUTPUTS = {spec["output"]: kind for kind, spec in config.get("tables", {}).items() if isinstance(spec, dict) and "output" in spec}
 ENVS = Path(workflow.basedir) / "envs"
 
 
@@ -33,6 +36,8 @@ def _alternatives(names):
 
 wildcard_constraints:
     model=_alternatives(MODELS),
+    method=_alternatives(METHODS),
+    table=_alternatives(list(TABLE_OUTPUTS)),
     benchmark=_alternatives(BENCHMARKS),
     seed=_alternatives(SEEDS),
     checkpoint=r"[A-Za-z0-9_.\-]+",
@@ -72,18 +77,52 @@ def generation_backend(wildcards):
 
 
 
+def trained_runs():
+    """(model, method) runs that some table needs, in first-use order."""
+    return list(dict.fromkeys(run for runs in TABLE_RUNS.values() for run in runs))
+
+
 def evaluated_checkpoints():
-    """(model, checkpoint) pairs that are evaluated; the base checkpoint of every evaluated model."""
-    return [(m, "base") for m in EVAL_MODELS]
+    """(model, checkpoint): the base checkpoint of every evaluated model and every trained run."""
+    return [(m, "base") for m in EVAL_MODELS] + trained_runs()
+
+
+def seed_metrics(runs):
+    return [f"results/metrics/{m}/{c}/{b}/seed-{s}.json" for m, c in runs for b in BENCHMARKS for s in SEEDS]
 
 
 def all_seed_metrics(wildcards=None):
-    return [
-        f"results/metrics/{m}/{c}/{b}/seed-{s}.json"
-        for m, c in evaluated_checkpoints()
-        for b in BENCHMARKS
-        for s in SEEDS
-    ]
+    return seed_metrics(evaluated_checkpoints())
+
+
+def table_spec(wildcards):
+    kind = TABLE_OUTPUTS[wildcards.table]
+    return {"kind": kind, **config["tables"][kind], "methods_config": config.get("methods", {}),
+            "benchmark_labels": config["tables"].get("benchmark_labels", {}),
+            "model_labels": config["tables"].get("model_labels", {}), "n": config["evaluation"]["n"],
+            "models": config["tables"][kind].get("models") or MODELS}
+
+
+def table_metrics(wildcards):
+    return seed_metrics(TABLE_RUNS[TABLE_OUTPUTS[wildcards.table]])
+
+
+def schedule_params(wildcards=None):
+    methods = config.get("methods", {})
+    names = config.get("tables", {}).get("schedules", {}).get("methods", [])
+    return {n.removeprefix("pwopsd_"): [methods[n]["params"][k] for k in ("w_min", "tau", "s")] for n in names}
+
+
+def training_logs_of_model(wildcards):
+    return [f"results/training/{wildcards.model}/{m}/train_log.jsonl" for mo, m in trained_runs() if mo == wildcards.model]
+
+
+def all_tables_and_figures():
+    files = [f"results/tables/{name}.tex" for name in TABLE_OUTPUTS]
+    if config.get("tables", {}).get("schedules"):
+        files.append("results/figures/pwopsd_schedules.pdf")
+    files += [f"results/figures/training_curves_{m}.pdf" for m in dict.fromkeys(mo for mo, _ in trained_runs())]
+    return files
 
 
 def all_data():

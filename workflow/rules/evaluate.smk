@@ -4,18 +4,28 @@
 
 rule grade:
     input:
-        generations="results/generations/{model}/{checkpoint}/{benchmark}/seed-{seed}.parquet",
-        benchmark="results/data/benchmarks/{benchmark}.parquet",
+        generations=expand(
+            "results/generations/{{model}}/{{checkpoint}}/{benchmark}/seed-{{seed}}.parquet",
+            benchmark=BENCHMARKS,
+        ),
+        benchmarks=expand("results/data/benchmarks/{benchmark}.parquet", benchmark=BENCHMARKS),
     output:
-        graded="results/graded/{model}/{checkpoint}/{benchmark}/seed-{seed}.parquet",
-        metrics="results/metrics/{model}/{checkpoint}/{benchmark}/seed-{seed}.json",
+        graded=expand(
+            "results/graded/{{model}}/{{checkpoint}}/{benchmark}/seed-{{seed}}.parquet",
+            benchmark=BENCHMARKS,
+        ),
+        metrics=expand(
+            "results/metrics/{{model}}/{{checkpoint}}/{benchmark}/seed-{{seed}}.json",
+            benchmark=BENCHMARKS,
+        ),
     params:
         grading=lambda wc: cfgmod.grading_options(config),
+        benchmarks=BENCHMARKS,
     threads: lambda wc: config["grading"]["workers"]
     log:
-        "logs/grade/{model}/{checkpoint}/{benchmark}/seed-{seed}.log",
+        "logs/grade/{model}/{checkpoint}/seed-{seed}.log",
     benchmark:
-        "logs/benchmarks/grade/{model}/{checkpoint}/{benchmark}/seed-{seed}.tsv"
+        "logs/benchmarks/grade/{model}/{checkpoint}/seed-{seed}.tsv"
     conda:
         "../../envs/analysis.yaml"
     script:

@@ -1,5 +1,7 @@
-# Sampling a checkpoint on a benchmark with one evaluation seed (evaluation protocol of the
-# paper: n=12, T=1.0, top_p=0.95, top_k off, 38,912 new tokens, enable_thinking=True).
+# Sampling a checkpoint with one evaluation seed on every benchmark (evaluation protocol of the
+# paper: n=12, T=1.0, top_p=0.95, top_k off, 38,912 new tokens, enable_thinking=True). One job
+# per (model, checkpoint, seed) loads the model (or starts the vLLM engine) once for all
+# benchmarks; each benchmark's parquet is written as soon as it is done.
 #
 # params hold exactly what determines the samples, so changing any of them re-runs the job;
 # execution knobs that do not change a sample (hf batch size, vLLM memory fraction, TP/DP layout)
@@ -8,23 +10,27 @@
 
 rule generate:
     input:
-        benchmark="results/data/benchmarks/{benchmark}.parquet",
+        benchmarks=expand("results/data/benchmarks/{benchmark}.parquet", benchmark=BENCHMARKS),
         model=model_manifest,
     output:
-        generations="results/generations/{model}/{checkpoint}/{benchmark}/seed-{seed}.parquet",
+        generations=expand(
+            "results/generations/{{model}}/{{checkpoint}}/{benchmark}/seed-{{seed}}.parquet",
+            benchmark=BENCHMARKS,
+        ),
     params:
         sampling=eval_sampling_settings,
         seed=lambda wc: cfgmod.sampling_seed(config, wc.seed),
         chat_template=lambda wc: config["models"][wc.model]["chat_template"],
         dtype=lambda wc: config["models"][wc.model]["dtype"],
         backend=generation_backend,
-    threads: 2
+        benchmarks=BENCHMARKS,
+    threads: config["evaluation"]["threads"]
     resources:
         gpu=gpus_for("generate"),
     log:
-        "logs/generate/{model}/{checkpoint}/{benchmark}/seed-{seed}.log",
+        "logs/generate/{model}/{checkpoint}/seed-{seed}.log",
     benchmark:
-        "logs/benchmarks/generate/{model}/{checkpoint}/{benchmark}/seed-{seed}.tsv"
+        "logs/benchmarks/generate/{model}/{checkpoint}/seed-{seed}.tsv"
     conda:
         "../../envs/vllm.yaml"
     script:

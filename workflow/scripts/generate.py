@@ -1,11 +1,11 @@
-"""Rule generate: sample a checkpoint on a benchmark with one evaluation seed."""
+"""Rule generate: sample a checkpoint with one evaluation seed on every benchmark."""
 
 import pandas as pd
 
 from pwopsd.config import backend_options
 from pwopsd.models import read_manifest
 from pwopsd.runtime import set_threads, setup_logging, versions
-from pwopsd.sampling import run_generation
+from pwopsd.sampling import run_generations
 from pwopsd.standalone import standalone_snakemake
 
 
@@ -13,8 +13,9 @@ def main(snakemake):
     setup_logging(snakemake.log[0])
     set_threads(snakemake.threads)
     wc = snakemake.wildcards
-    run_generation(
-        benchmark=pd.read_parquet(snakemake.input.benchmark),
+    run_generations(
+        benchmarks=[(name, pd.read_parquet(table), out) for name, table, out in
+                    zip(snakemake.params.benchmarks, snakemake.input.benchmarks, snakemake.output.generations)],
         manifest=read_manifest(snakemake.input.model),
         settings=snakemake.params.sampling,
         seed=snakemake.params.seed,
@@ -22,9 +23,7 @@ def main(snakemake):
         dtype=snakemake.params.dtype,
         backend_name=snakemake.params.backend,
         backend_options=backend_options(snakemake.config, wc.model),
-        output=snakemake.output.generations,
-        metadata={"model": wc.model, "checkpoint": wc.checkpoint, "benchmark": wc.benchmark,
-                  "seed_name": wc.seed, "versions": versions()},
+        metadata={"model": wc.model, "checkpoint": wc.checkpoint, "seed_name": wc.seed, "versions": versions()},
     )
 
 

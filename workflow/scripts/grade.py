@@ -1,4 +1,5 @@
-"""Rule grade: grade one generations table; write graded samples and the per-seed metrics."""
+"""Rule grade: grade one checkpoint's generations for one seed on every benchmark; write graded
+samples and per-seed metrics."""
 
 import pandas as pd
 
@@ -14,14 +15,16 @@ def main(snakemake):
     opts = dict(snakemake.params.grading)
     timeout = opts.pop("timeout")
     wc = snakemake.wildcards
-    meta = {"model": wc.model, "checkpoint": wc.checkpoint, "benchmark": wc.benchmark, "seed_name": wc.seed,
-            "grading_options": snakemake.params.grading, "versions": versions()}
     with GraderPool(workers=snakemake.threads, timeout=timeout, options=GradingOptions(**opts), progress=True) as pool:
-        graded, summary = grade_run(pd.read_parquet(snakemake.input.generations), pd.read_parquet(snakemake.input.benchmark),
-                                    pool=pool, meta=meta)
-    write_parquet(graded, snakemake.output.graded, metadata=meta)
-    write_json(summary, snakemake.output.metrics)
-    log.info("%s: %s", snakemake.output.metrics, summary["metrics_pct"])
+        for name, gens, bench, graded_out, metrics_out in zip(snakemake.params.benchmarks, snakemake.input.generations,
+                                                              snakemake.input.benchmarks, snakemake.output.graded,
+                                                              snakemake.output.metrics):
+            meta = {"model": wc.model, "checkpoint": wc.checkpoint, "benchmark": name, "seed_name": wc.seed,
+                    "grading_options": snakemake.params.grading, "versions": versions()}
+            graded, summary = grade_run(pd.read_parquet(gens), pd.read_parquet(bench), pool=pool, meta=meta)
+            write_parquet(graded, graded_out, metadata=meta)
+            write_json(summary, metrics_out)
+            log.info("%s: %s", metrics_out, summary["metrics_pct"])
 
 
 if __name__ == "__main__":

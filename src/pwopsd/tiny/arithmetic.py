@@ -1,9 +1,9 @@
 """Synthetic multi-step integer-arithmetic problems with step-by-step solutions.
 
 A level-``L`` problem chains ``L`` additions/subtractions, e.g. ``Compute 12 + 7 - 3.`` Its
-worked solution writes one line per step and ends with ``\\boxed{N}``; its *reference solution*
-(what the privileged teacher prompt quotes, like the OPSD corpus' ``solution`` column) states
-only the answer, so a teacher that reads it can copy what it cannot compute.
+worked solution writes one line per step and ends with ``\\boxed{N}``. The *reference solution*
+(what the privileged teacher prompt quotes, like the OPSD corpus' ``solution`` column) is either
+the worked solution (default, as the OPSD corpus quotes full solutions) or the answer alone.
 
 Everything is a pure function of a seed (``numpy.random.default_rng``), so rules regenerate the
 same data on every machine.
@@ -53,9 +53,16 @@ class ArithmeticProblem:
         return "\n".join(self.steps()) + f"\nThe answer is \\boxed{{{self.answer}}}."
 
     @property
-    def reference_solution(self) -> str:
-        """What the privileged teacher prompt quotes (answer only)."""
+    def answer_statement(self) -> str:
         return f"The answer is {self.answer}."
+
+    def reference_solution(self, style: str = "worked") -> str:
+        """What the privileged teacher prompt quotes: the worked solution or the answer alone."""
+        if style == "worked":
+            return self.worked_solution
+        if style == "answer":
+            return self.answer_statement
+        raise ValueError(f"reference solution style must be 'worked' or 'answer', got {style!r}")
 
 
 def sample_problem(rng: np.random.Generator, level: int, max_operand: int) -> ArithmeticProblem:
@@ -70,7 +77,7 @@ def sample_problems(seed: int, n: int, levels: list[int], max_operand: int) -> l
     return [sample_problem(rng, levels[i % len(levels)], max_operand) for i in range(n)]
 
 
-def problems_frame(problems: list[ArithmeticProblem], id_prefix: str):
+def problems_frame(problems: list[ArithmeticProblem], id_prefix: str, solution_style: str = "worked"):
     """A benchmark/corpus table: ``id, problem, answer, solution, level``."""
     import pandas as pd
 
@@ -79,7 +86,7 @@ def problems_frame(problems: list[ArithmeticProblem], id_prefix: str):
             "id": [f"{id_prefix}-{i}" for i in range(len(problems))],
             "problem": [p.problem for p in problems],
             "answer": [str(p.answer) for p in problems],
-            "solution": [p.reference_solution for p in problems],
+            "solution": [p.reference_solution(solution_style) for p in problems],
             "level": [p.level for p in problems],
         }
     )

@@ -60,6 +60,7 @@ class TinyBuildConfig:
     teacher_fraction: float = 0.3
     teacher_hard_fraction: float = 0.5
     teacher_hard_max_operand: int = 99
+    reference_solution: str = "worked"  # what the privileged prompt quotes: worked | answer
     dev_seed: int = 99_991
     dev_per_level: int = 100
     min_teacher_gap: float = 0.20
@@ -81,7 +82,7 @@ def response_text(p: ArithmeticProblem, thinking: bool) -> str:
     return p.worked_solution
 
 
-def format_example(tokenizer, p: ArithmeticProblem, fmt: str) -> tuple[str, str]:
+def format_example(tokenizer, p: ArithmeticProblem, fmt: str, style: str = "worked") -> tuple[str, str]:
     """(rendered prompt, response text incl. EOS) for one problem in one prompt format."""
     if fmt == "student":
         prompt = prompts.render(tokenizer, prompts.student_message(p.problem), prompts.STUDENT)
@@ -90,7 +91,7 @@ def format_example(tokenizer, p: ArithmeticProblem, fmt: str) -> tuple[str, str]
         prompt = prompts.render(tokenizer, prompts.eval_message(p.problem), prompts.EVAL)
         return prompt, response_text(p, thinking=True) + IM_END
     if fmt == "teacher":
-        prompt = prompts.render(tokenizer, prompts.teacher_message(p.problem, p.reference_solution), prompts.TEACHER)
+        prompt = prompts.render(tokenizer, prompts.teacher_message(p.problem, p.reference_solution(style)), prompts.TEACHER)
         return prompt, response_text(p, thinking=False) + IM_END
     raise ValueError(f"unknown prompt format {fmt!r}")
 
@@ -111,7 +112,7 @@ def tokenizer_corpus(cfg: TinyBuildConfig, n: int = 3000) -> list[str]:
     for _ in range(n):
         p, fmt = sample_pretraining_example(rng, cfg)
         if fmt == "teacher":
-            texts.append(prompts.teacher_message(p.problem, p.reference_solution))
+            texts.append(prompts.teacher_message(p.problem, p.reference_solution(cfg.reference_solution)))
         elif fmt == "eval":
             texts.append(prompts.eval_message(p.problem))
         else:
@@ -190,7 +191,7 @@ def pretrain(model, tokenizer, cfg: TinyBuildConfig, log_every: int = 50) -> lis
         opt.zero_grad(set_to_none=True)
         # Teacher prompts are ~3x longer than student ones: two length buckets waste less padding.
         buckets = [[b for b in batch if b[1] == "teacher"], [b for b in batch if b[1] != "teacher"]]
-        encoded = [collate(tokenizer, [format_example(tokenizer, p, fmt) for p, fmt in bk]) for bk in buckets if bk]
+        encoded = [collate(tokenizer, [format_example(tokenizer, p, fmt, cfg.reference_solution) for p, fmt in bk]) for bk in buckets if bk]
         n_tokens = sum(int((lab[:, 1:] != -100).sum()) for _, _, lab in encoded)
         loss = 0.0
         for ids, attn, labels in encoded:
@@ -221,7 +222,7 @@ def dev_accuracy(model, tokenizer, cfg: TinyBuildConfig, batch_size: int = 128) 
             problems = sample_problems(cfg.dev_seed + level, cfg.dev_per_level, [level], cfg.max_operand)
             reqs = []
             for i, p in enumerate(problems):
-                prompt, _ = format_example(tokenizer, p, fmt)
+                prompt, _ = format_example(tokenizer, p, fmt, cfg.reference_solution)
                 ids = prompts.encode(tokenizer, prompt, add_special_tokens=False)
                 reqs.append(GenerationRequest(tuple(ids), n=1, seed=i, temperature=1.0, top_p=0.95, top_k=0, max_new_tokens=96))
             outs = backend.generate(reqs)

@@ -1,0 +1,102 @@
+"""One training run as the ``train`` rule runs it: load the base checkpoint and the corpus, train,
+export the adapter of the evaluation step, the step log and the training curves.
+
+With more than one training GPU the rule's script starts this module under
+``accelerate launch --num_processes N`` (``python -m pwopsd.train_job args.json``); each process
+then trains on its share of every step's problems and the LoRA gradients are averaged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from .io import atomic_path
+
+log = logging.getLogger(__name__)
+
+
+def _answer_checker():
+    from .grading import GraderPool, extract_boxed
+
+    pool = GraderPool(workers=1)
+
+    def check(texts, answers):
+        return [g.correct for g in pool.grade_pairs([(a, extract_boxed(t)) for t, a in zip(texts, answers)])]
+
+    return check, pool
+
+
+def run(args: dict) -> None:
+    import torch
+
+    from .models import default_device, load_model, load_tokenizer, read_manifest
+    from .training import Example, TrainConfig, Trainer, dist_info
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    manifest = read_manifest(args["manifest"])
+    tokenizer = load_tokenizer(manifest)
+    device = default_device()
+    if device == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    model = load_model(manifest, device=device, dtype=args["dtype"])
+    corpus = pd.read_parquet(args["corpus"])
+    has_answers = "answer" in corpus and (corpus["answer"].astype(str).str.len() > 0).all()
+    examples = [Example(p, s, str(a) if has_answers else "") for p, s, a in
+                zip(corpus["problem"], corpus["solution"], corpus["answer"] if has_answers else [""] * len(corpus))]
+    cfg = TrainConfig(**args["train"])
+    check, pool = _answer_checker() if has_answers else (None, None)
+    try:
+        trainer = Trainer(model, tokenizer, examples, cfg, args["work_dir"],
+                          add_special_tokens=args["chat_template"].get("add_special_tokens", True),
+                          think_closure=args["chat_template"].get("think_closure", True), answer_check=check)
+        trainer.train()
+    finally:
+        if pool is not None:
+            pool.close()
+    rank, _ = dist_info()
+    if rank == 0:
+        export(Path(args["work_dir"]), int(args["eval_step"]), args["adapter_out"], args["log_out"])
+
+
+def export(work_dir: Path, eval_step: int, adapter_out: str, log_out: str) -> None:
+    ckpt = work_dir / f"step-{eval_step:06d}"
+    if not (ckpt / "trainer_state.pt").exists():
+        raise FileNotFoundError(f"no checkpoint at the evaluation step {eval_step} in {work_dir}")
+    with atomic_path(adapter_out) as tmp:
+        tmp.mkdir()
+        for f in ckpt.iterdir():
+            if f.name != "trainer_state.pt":
+                shutil.copy2(f, tmp / f.name)
+    with atomic_path(log_out) as tmp:
+        shutil.copy2(work_dir / "train_log.jsonl", tmp)
+
+
+def launch(args: dict, processes: int, args_path: str | Path) -> None:
+    """Run in this process (one GPU or CPU) or under ``accelerate launch`` (several GPUs)."""
+    if processes <= 1:
+        run(args)
+        return
+    Path(args_path).write_text(json.dumps(args))
+    cmd = ["accelerate", "launch", "--num_processes", str(processes), "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "pwopsd.train_job", str(args_path)]
+    log.info("launching: %s", " ".join(cmd))
+    subprocess.run(cmd, check=True)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run(json.loads(Path(sys.argv[1]).read_text()))

@@ -1,0 +1,37 @@
+# Tables 2-5 and Figure 2. Each table reads the per-seed metrics of exactly its own runs, so a
+# table target pulls in only the runs it shows.
+
+
+rule table:
+    input:
+        metrics=table_metrics,
+    output:
+        tex="results/tables/{table}.tex",
+        csv="results/tables/{table}.csv",
+    params:
+        spec=table_spec,
+        benchmarks=BENCHMARKS,
+    log:
+        "logs/tables/{table}.log",
+    benchmark:
+        "logs/benchmarks/tables/{table}.tsv"
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/make_table.py"
+
+
+rule schedules_figure:
+    output:
+        pdf="results/figures/pwopsd_schedules.pdf",
+        csv="results/figures/pwopsd_schedules.csv",
+    params:
+        schedules=schedule_params,
+    log:
+        "logs/figures/pwopsd_schedules.log",
+    benchmark:
+        "logs/benchmarks/figures/pwopsd_schedules.tsv"
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/schedules_figure.py"

@@ -1,0 +1,15 @@
+"""Rule schedules_figure: Figure 2, the PW-OPSD weight schedules (and their data as CSV)."""
+
+from pwopsd.figures import schedules_figure
+from pwopsd.runtime import setup_logging
+from pwopsd.standalone import standalone_snakemake
+
+
+def main(snakemake):
+    setup_logging(snakemake.log[0])
+    schedules = {name: tuple(v) for name, v in snakemake.params.schedules.items()}
+    schedules_figure(schedules, snakemake.output.pdf, snakemake.output.csv)
+
+
+if __name__ == "__main__":
+    main(snakemake if "snakemake" in globals() else standalone_snakemake("schedules_figure"))  # noqa: F821
