@@ -83,18 +83,8 @@ def _fkl_term(temperature: float, clip: float | None, upcast: bool = True) -> To
 
 def _eopd_term(temperature: float, entropy_threshold: float, top_k: int, ppo_eps: float) -> TokenLoss:
     def term(zs, zt, y):
-        s, t = zs.float() / temperature, zt.float() / temperature
-        log_ps, log_pt = F.log_softmax(s, -1), F.log_softmax(t, -1)
-        lps_y = log_ps.gather(-1, y[:, None]).squeeze(-1)
-        lpt_y = log_pt.gather(-1, y[:, None]).squeeze(-1)
-        adv = lpt_y - lps_y.detach()
-        ratio = torch.exp(lps_y - lps_y.detach())
-        l_opd = torch.maximum(-ratio * adv, -torch.clamp(ratio, 1 - ppo_eps, 1 + ppo_eps) * adv)
-        top_vals, top_idx = t.topk(min(top_k, t.shape[-1]), dim=-1)
-        log_pt_top = F.log_softmax(top_vals, -1)
-        l_fkl = (log_pt_top.exp() * (log_pt_top - log_ps.gather(-1, top_idx))).sum(-1)
-        gate = (-(log_pt.exp() * log_pt).sum(-1) > entropy_threshold).float()
-        return l_opd + gate * l_fkl
+        return L.eopd_token_loss(zs, zt, y, temperature=temperature, entropy_threshold=entropy_threshold,
+                                 top_k=top_k, ppo_eps=ppo_eps)
 
     return term
 

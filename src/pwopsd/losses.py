@@ -110,9 +110,9 @@ def _gather(logp: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
 
 
-def eopd_loss(student_logits, teacher_logits, tokens, mask, *, temperature: float = 1.1, entropy_threshold: float = 0.8,
-              top_k: int = 16, ppo_eps: float = 0.2) -> torch.Tensor:
-    m = mask.to(torch.float32)
+def eopd_token_loss(student_logits, teacher_logits, tokens, *, temperature: float = 1.1, entropy_threshold: float = 0.8,
+                    top_k: int = 16, ppo_eps: float = 0.2) -> torch.Tensor:
+    """Per-token EOPD loss ``L_OPD + gate * L_FKL`` for logits ``[..., V]`` and tokens ``[...]``."""
     s = student_logits.float() / temperature
     t = teacher_logits.detach().float() / temperature
     log_ps = F.log_softmax(s, dim=-1)
@@ -126,7 +126,14 @@ def eopd_loss(student_logits, teacher_logits, tokens, mask, *, temperature: floa
     l_fkl = (log_pt_top.exp() * (log_pt_top - log_ps.gather(-1, top_idx))).sum(-1)
     h_t = -(log_pt.exp() * log_pt).sum(-1)
     gate = (h_t > entropy_threshold).float()
-    per_token = l_opd + gate * l_fkl
+    return l_opd + gate * l_fkl
+
+
+def eopd_loss(student_logits, teacher_logits, tokens, mask, *, temperature: float = 1.1, entropy_threshold: float = 0.8,
+              top_k: int = 16, ppo_eps: float = 0.2) -> torch.Tensor:
+    m = mask.to(torch.float32)
+    per_token = eopd_token_loss(student_logits, teacher_logits, tokens, temperature=temperature,
+                                entropy_threshold=entropy_threshold, top_k=top_k, ppo_eps=ppo_eps)
     n = m.sum()
     return (per_token * m).sum() / n if n > 0 else _zero_with_grad(student_logits)
 
