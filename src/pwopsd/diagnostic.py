@@ -1,0 +1,98 @@
+"""Branch-viability diagnostic building blocks (paper Appendices A-B): Phase C candidate selection
+and Phase D MC-dropout hooks. The phases' rules and data flow build on these."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def truncated_entropy(probs: Sequence[float], valid: Sequence[bool], top_m: int = 16) -> float:
+    """Entropy of the renormalized top-``top_m`` *valid* tokens (probabilities sorted descending)."""
+    p = np.asarray(probs, dtype=float)[np.asarray(valid, dtype=bool)][:top_m]
+    if p.sum() <= 0:
+        return 0.0
+    q = p / p.sum()
+    q = q[q > 0]
+    return float(-(q * np.log(q)).sum())
+
+
+@dataclass
+class Candidate:
+    position: int
+    entropy: float
+    children: list[int] = field(default_factory=list)
+    p1: float = 0.0
+    p2: float = 0.0
+
+
+def select_candidates(top_ids: np.ndarray, top_probs: np.ndarray, is_valid: Callable[[int], bool], *,
+                      boxed_start: int | None, max_candidates: int = 5, spacing: int = 64, p2_min: float = 0.02,
+                      ratio_min: float = 0.10, n_children: int = 3, top_m: int = 16) -> list[Candidate]:
+    """Phase C on one spine.
+
+    ``top_ids``/``top_probs`` ``[T, K]``: the teacher's top-K next tokens at each spine position,
+    sorted by probability. Junk/EOS/special tokens are dropped by ``is_valid``; a position is
+    plausible when its two most likely valid tokens satisfy ``p2 >= p2_min`` and
+    ``p2 / p1 >= ratio_min``; positions at or after ``boxed_start`` are skipped. Among plausible
+    positions, the highest truncated-entropy ones are taken greedily, at least ``spacing`` tokens
+    apart, up to ``max_candidates``; each keeps its top ``n_children`` valid tokens as the forced
+    alternatives.
+    """
+    T = top_ids.shape[0]
+    pool = []
+    for t in range(T if boxed_start is None else min(T, boxed_start)):
+        valid = [is_valid(int(i)) for i in top_ids[t]]
+        ids = [int(i) for i, v in zip(top_ids[t], valid) if v]
+        ps = [float(p) for p, v in zip(top_probs[t], valid) if v]
+        if len(ids) < 2:
+            continue
+        p1, p2 = ps[0], ps[1]
+        eps = 1e-9  # the thresholds are inclusive; do not lose exact boundary values to rounding
+        if p2 < p2_min - eps or p2 / p1 < ratio_min - eps:
+            continue
+        pool.append(Candidate(t, truncated_entropy(top_probs[t], valid, top_m), ids[:n_children], p1, p2))
+    pool.sort(key=lambda c: (-c.entropy, c.position))
+    chosen: list[Candidate] = []
+    for c in pool:
+        if len(chosen) >= max_candidates:
+            break
+        if all(abs(c.position - o.position) >= spacing for o in chosen):
+            chosen.append(c)
+    return sorted(chosen, key=lambda c: c.position)
+
+
+def decoder_layers(model) -> list[torch.nn.Module]:
+    """The transformer blocks of a HF causal LM (``model.model.layers``, through a PEFT wrapper too)."""
+    inner = model
+    for attr in ("base_model", "model"):
+        while hasattr(inner, attr) and not hasattr(inner, "layers"):
+            inner = getattr(inner, attr)
+    if not hasattr(inner, "layers"):
+        raise ValueError("could not find the decoder layers of the model")
+    return list(inner.layers)
+
+
+@contextlib.contextmanager
+def mc_dropout(model, *, last_layers: int = 4, p: float = 0.1) -> Iterator[None]:
+    """Apply ``F.dropout(h, p, training=True)`` to the outputs of the last ``last_layers`` blocks.
+
+    Hooks are always removed on exit (``try/finally``), also after an exception.
+    """
+
+    def hook(module, inputs, output):
+        if isinstance(output, tuple):
+            return (F.dropout(output[0], p, training=True), *output[1:])
+        return F.dropout(output, p, training=True)
+
+    handles = [layer.register_forward_hook(hook) for layer in decoder_layers(model)[-last_layers:]]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()

@@ -1,0 +1,151 @@
+"""Statistics of the branch-viability diagnostic (paper §3.2, Appendices A-B).
+
+* :func:`auroc` (Mann-Whitney U with mid-ranks) and :func:`auprc` (average precision);
+* :func:`residualize` (within-problem mean-centering) and :func:`residualized_auroc`;
+* :func:`cluster_bootstrap_ci`: resample *problems* with replacement (a problem drawn twice counts as
+  two clusters), recompute the residualization on every resample, percentile interval;
+* :func:`label_candidate`: diversity / real-uncertain / gray from the children's viabilities;
+* :func:`mc_dropout_scores`: full entropy of the mean, mutual information and the moment-matched
+  Dirichlet precision from M MC-dropout distributions; :func:`log_kappa` at score time.
+
+Labels: 1 = real-uncertain (the positive class), 0 = diversity.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+DIVERSITY = "diversity"
+REAL_UNCERTAIN = "real_uncertain"
+GRAY = "gray"
+
+
+def mid_ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks with ties given their average rank."""
+    x = np.asarray(x, dtype=float)
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x), dtype=float)
+    sorted_x = x[order]
+    i = 0
+    while i < len(x):
+        j = i
+        while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return ranks
+
+
+def auroc(scores: Sequence[float], labels: Sequence[int]) -> float:
+    """P(score of a positive > score of a negative) + 0.5 P(tie); NaN without both classes."""
+    s = np.asarray(scores, dtype=float)
+    y = np.asarray(labels).astype(bool)
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    r = mid_ranks(s)
+    u = r[y].sum() - n_pos * (n_pos + 1) / 2.0
+    return float(u / (n_pos * n_neg))
+
+
+def auprc(scores: Sequence[float], labels: Sequence[int]) -> float:
+    """Average precision: sum over distinct thresholds (descending) of recall gain x precision."""
+    s = np.asarray(scores, dtype=float)
+    y = np.asarray(labels).astype(bool)
+    n_pos = int(y.sum())
+    if n_pos == 0:
+        return float("nan")
+    ap, tp, fp, prev_recall = 0.0, 0, 0, 0.0
+    for thr in np.unique(s)[::-1]:
+        at = s == thr
+        tp += int((y & at).sum())
+        fp += int((~y & at).sum())
+        recall = tp / n_pos
+        ap += (recall - prev_recall) * tp / (tp + fp)
+        prev_recall = recall
+    return float(ap)
+
+
+def residualize(scores: Sequence[float], groups: Sequence) -> np.ndarray:
+    """Subtract each group's mean score (within-problem mean-centering)."""
+    s = np.asarray(scores, dtype=float)
+    g = np.asarray(groups)
+    out = np.empty_like(s)
+    for key in np.unique(g):
+        idx = g == key
+        out[idx] = s[idx] - s[idx].mean()
+    return out
+
+
+def residualized_auroc(scores: Sequence[float], labels: Sequence[int], groups: Sequence) -> float:
+    return auroc(residualize(scores, groups), labels)
+
+
+def cluster_bootstrap_ci(scores: Sequence[float], labels: Sequence[int], groups: Sequence, *, n_boot: int = 2000,
+                         seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of the residualized AUROC under a bootstrap over problems.
+
+    Each resample draws as many problems as there are, with replacement; a problem drawn k times
+    contributes k separate clusters, and the residualization is recomputed on the resample.
+    Resamples without both classes are skipped (NaN interval if none is usable).
+    """
+    s = np.asarray(scores, dtype=float)
+    y = np.asarray(labels).astype(int)
+    g = np.asarray(groups)
+    keys = np.unique(g)
+    members = [np.flatnonzero(g == k) for k in keys]
+    rng = np.random.default_rng(seed)
+    stats = []
+    for _ in range(n_boot):
+        draw = rng.integers(0, len(keys), size=len(keys))
+        idx = np.concatenate([members[d] for d in draw])
+        new_groups = np.concatenate([np.full(len(members[d]), c) for c, d in enumerate(draw)])
+        value = residualized_auroc(s[idx], y[idx], new_groups)
+        if not np.isnan(value):
+            stats.append(value)
+    if not stats:
+        return float("nan"), float("nan")
+    alpha = (1 - level) / 2
+    return float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha))
+
+
+def label_candidate(viabilities: Sequence[float], *, v_high: float = 0.75, v_low: float = 0.40) -> str:
+    """Diversity if at least two children have viability >= v_high; real-uncertain if every child
+    is below v_low and so is their mean; gray otherwise (excluded from the AUROC)."""
+    v = np.asarray(viabilities, dtype=float)
+    if int((v >= v_high).sum()) >= 2:
+        return DIVERSITY
+    if len(v) and bool((v < v_low).all()) and float(v.mean()) < v_low:
+        return REAL_UNCERTAIN
+    return GRAY
+
+
+def mc_dropout_scores(probs: np.ndarray) -> dict[str, float]:
+    """Scores from M MC-dropout distributions ``[M, V]`` at one position.
+
+    ``h_full``: entropy of the mean distribution; ``mi``: h_full minus the mean entropy of the
+    samples; ``kappa``: moment-matched Dirichlet precision ``(1 - ||p_bar||^2) / tr(Var) - 1`` with
+    the unbiased sample variance (raw: it can be negative for small M, as the paper notes).
+    """
+    p = np.asarray(probs, dtype=float)
+    m = p.shape[0]
+    if m < 2:
+        raise ValueError("MC-dropout scores need at least two samples")
+    p_bar = p.mean(axis=0)
+
+    def entropy(q):
+        q = q[q > 0]
+        return float(-(q * np.log(q)).sum())
+
+    h_full = entropy(p_bar)
+    mi = h_full - float(np.mean([entropy(row) for row in p]))
+    trace_var = float(((p - p_bar) ** 2).sum() / (m - 1))
+    kappa = (1.0 - float((p_bar**2).sum())) / trace_var - 1.0 if trace_var > 0 else float("inf")
+    return {"h_full": h_full, "mi": mi, "kappa": kappa}
+
+
+def log_kappa(kappa: float, eps: float = 1e-6) -> float:
+    """``log max(kappa, eps)``, applied at score time only."""
+    return float(np.log(max(kappa, eps)))

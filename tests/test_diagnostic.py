@@ -1,0 +1,69 @@
+"""Phase C candidate filters on crafted distributions; Phase D MC-dropout hooks leave the model
+unchanged afterwards."""
+
+import numpy as np
+import pytest
+import torch
+
+from pwopsd.diagnostic import mc_dropout, select_candidates, truncated_entropy
+
+EOS, SPECIAL = 0, 1
+VALID = lambda i: i not in (EOS, SPECIAL)  # noqa: E731
+
+
+def dist(T, rows):
+    """[T, 4] top ids/probs; default rows are confident (not plausible)."""
+    ids = np.tile(np.array([10, 11, 12, 13]), (T, 1))
+    probs = np.tile(np.array([0.97, 0.01, 0.01, 0.01]), (T, 1))
+    for t, (i, p) in rows.items():
+        ids[t], probs[t] = i, p
+    return ids, probs
+
+
+def test_truncated_entropy_renormalizes_valid_top_m():
+    assert truncated_entropy([0.5, 0.25, 0.25], [True, True, True]) == pytest.approx(1.0397, abs=1e-4)
+    assert truncated_entropy([0.4, 0.3, 0.3], [False, True, True]) == pytest.approx(np.log(2))
+    assert truncated_entropy([0.5, 0.3, 0.2], [True, True, True], top_m=1) == 0.0
+
+
+def test_plausibility_filter_boundaries():
+    ids, probs = dist(300, {
+        10: ([10, 11, 12, 13], [0.20, 0.02, 0.01, 0.01]),   # p2 = 0.02 and p2/p1 = 0.10: kept (both >=)
+        80: ([10, 11, 12, 13], [0.30, 0.0299, 0.01, 0.01]),  # p2/p1 < 0.10: dropped
+        160: ([10, 11, 12, 13], [0.15, 0.019, 0.01, 0.01]),  # p2 < 0.02: dropped
+        240: ([EOS, 11, 12, 13], [0.5, 0.3, 0.1, 0.1]),     # EOS skipped: valid p1=0.3, p2=0.1 -> kept
+    })
+    got = select_candidates(ids, probs, VALID, boxed_start=None)
+    assert [c.position for c in got] == [10, 240]
+    assert got[1].children == [11, 12, 13] and got[1].p1 == 0.3
+
+
+def test_spacing_boxed_and_top_five_by_entropy():
+    rows = {t: ([10, 11, 12, 13], [0.4, 0.3, 0.2 + 0.0001 * t, 0.1]) for t in range(0, 1000, 10)}
+    ids, probs = dist(1000, rows)
+    got = select_candidates(ids, probs, VALID, boxed_start=700)
+    positions = [c.position for c in got]
+    assert len(got) == 5 and max(positions) < 700
+    assert all(b - a >= 64 for a, b in zip(positions, positions[1:]))
+    # Entropy grows with t here: greedy from 690 down, each next one at least 64 tokens away.
+    assert positions == [410, 480, 550, 620, 690]
+    assert all(len(c.children) == 3 for c in got)
+
+
+def test_mc_dropout_hooks_are_removed(random_tiny_model):
+    model = random_tiny_model
+    x = torch.tensor([[3, 4, 5, 6, 7]])
+    with torch.no_grad():
+        before = model(input_ids=x).logits
+        with mc_dropout(model, last_layers=2, p=0.5):
+            a = model(input_ids=x).logits
+            b = model(input_ids=x).logits
+        after = model(input_ids=x).logits
+    assert not torch.equal(a, b) and not torch.equal(a, before)  # dropout active inside
+    assert torch.equal(before, after)  # and gone afterwards
+    with pytest.raises(RuntimeError):
+        with mc_dropout(model, last_layers=2):
+            raise RuntimeError("boom")
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=x).logits, before)
+    assert all(len(layer._forward_hooks) == 0 for layer in model.model.layers)
