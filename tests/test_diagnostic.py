@@ -67,3 +67,29 @@ def test_mc_dropout_hooks_are_removed(random_tiny_model):
     with torch.no_grad():
         assert torch.equal(model(input_ids=x).logits, before)
     assert all(len(layer._forward_hooks) == 0 for layer in model.model.layers)
+
+
+def test_teacher_pass_streams_the_same_distribution(random_tiny_model):
+    from pwopsd.diagnostic import teacher_pass
+
+    prompt, spine = [3, 4, 5, 6], [7, 8, 9, 10, 11, 12, 13]
+    out = teacher_pass(random_tiny_model, prompt, spine, top_k=5, chunk_size=3)
+    with torch.no_grad():
+        logits = random_tiny_model(input_ids=torch.tensor([prompt + spine])).logits[0, len(prompt) - 1 : -1]
+    logp = torch.log_softmax(logits.float(), -1)
+    np.testing.assert_allclose(out["entropy"], (-(logp.exp() * logp).sum(-1)).numpy(), rtol=1e-5, atol=1e-6)
+    vals, idx = logp.topk(5, -1)
+    assert (out["top_ids"] == idx.numpy()).all()
+    np.testing.assert_allclose(out["top_probs"], vals.exp().numpy(), rtol=1e-5)
+    assert out["entropy"].shape == (len(spine),)
+
+
+def test_forced_continuation_requests():
+    from pwopsd.diagnostic import forced_continuation_requests
+
+    reqs = forced_continuation_requests([1, 2], [10, 11, 12, 13], 2, [20, 21, 22], n=6, seed=0, max_model_len=12)
+    assert [r.prompt_ids for r in reqs] == [(1, 2, 10, 11, 20), (1, 2, 10, 11, 21), (1, 2, 10, 11, 22)]
+    assert all(r.n == 6 and r.temperature == 1.0 and r.top_p == 0.95 and r.max_new_tokens == 7 for r in reqs)
+    assert len({r.seed for r in reqs}) == 3
+    with pytest.raises(ValueError, match="does not fit max_model_len=4"):
+        forced_continuation_requests([1, 2], [10, 11, 12], 2, [20], max_model_len=4)

@@ -96,3 +96,48 @@ def mc_dropout(model, *, last_layers: int = 4, p: float = 0.1) -> Iterator[None]
     finally:
         for h in handles:
             h.remove()
+
+
+@torch.no_grad()
+def teacher_pass(model, prompt_ids: Sequence[int], spine_ids: Sequence[int], *, top_k: int = 16,
+                 chunk_size: int = 256) -> dict[str, np.ndarray]:
+    """Phase B: the teacher's next-token distribution at every spine position, streamed.
+
+    One forward over ``prompt + spine`` gives the hidden states; the vocabulary projection, the
+    softmax, the full entropy and the top-``top_k`` tokens are computed ``chunk_size`` positions at
+    a time, so full-vocabulary distributions never exist for the whole spine. Position ``t``
+    predicts ``spine_ids[t]`` (from the hidden state of the token before it).
+    """
+    ids = torch.tensor([list(prompt_ids) + list(spine_ids)], device=next(model.parameters()).device)
+    inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    hidden = inner(input_ids=ids).last_hidden_state[0]
+    head = model.get_output_embeddings().weight
+    start = len(prompt_ids) - 1
+    entropies, top_ids, top_probs = [], [], []
+    for a in range(start, start + len(spine_ids), chunk_size):
+        h = hidden[a : min(a + chunk_size, start + len(spine_ids))]
+        logp = torch.log_softmax((h @ head.T).float(), dim=-1)
+        entropies.append(-(logp.exp() * logp).sum(-1))
+        vals, idx = logp.topk(top_k, dim=-1)
+        top_ids.append(idx)
+        top_probs.append(vals.exp())
+    return {"entropy": torch.cat(entropies).cpu().numpy(), "top_ids": torch.cat(top_ids).cpu().numpy(),
+            "top_probs": torch.cat(top_probs).cpu().numpy()}
+
+
+def forced_continuation_requests(student_prompt_ids: Sequence[int], spine_ids: Sequence[int], position: int,
+                                 children: Sequence[int], *, n: int = 6, seed: int = 0, temperature: float = 1.0,
+                                 top_p: float = 0.95, max_model_len: int = 32768):
+    """Phase E: one request per forced child: student prompt + spine up to ``position`` + child,
+    ``n`` continuations at T=1.0/top_p 0.95, new tokens clipped to fit ``max_model_len``."""
+    from .generation import GenerationRequest
+
+    reqs = []
+    for j, child in enumerate(children):
+        prompt = tuple(int(t) for t in list(student_prompt_ids) + list(spine_ids[:position]) + [int(child)])
+        room = max_model_len - len(prompt)
+        if room < 1:
+            raise ValueError(f"forced prefix of {len(prompt)} tokens does not fit max_model_len={max_model_len}")
+        reqs.append(GenerationRequest(prompt, n=n, seed=seed + 1000 * j, temperature=temperature, top_p=top_p,
+                                      top_k=0, max_new_tokens=room))
+    return reqs
