@@ -26,7 +26,6 @@ EVAL_MODELS = cfgmod.eval_models(config)
 METHODS = list(config.get("methods", {}))
 TABLE_RUNS = cfgmod.table_runs(config)
 TABLE_OUTPUTS = {spec["output"]: kind for kind, spec in config.get("tables", {}).items() if isinstance(spec, dict) and "output" in spec}
-ENVS = Path(workflow.basedir) / "envs"
 
 
 def _alternatives(names):
