@@ -25,6 +25,11 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/tables.smk"
 
 
+if DIAGNOSTIC_MODEL:
+
+    include: "workflow/rules/diagnostic.smk"
+
+
 rule all:
     default_target: True
     input:

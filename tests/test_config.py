@@ -65,6 +65,11 @@ MISTAKES = [
     ("hf_id and built_by", ["models", "qwen3_4b", "built_by"], "tiny", False, "models.qwen3_4b", "exactly one"),
     ("eval model not configured", ["evaluation", "models"], ["qwen3_4b", "llama"], False, "evaluation.models.1", "not a configured model"),
     ("prompt room", ["evaluation", "max_new_tokens"], 40960, False, "evaluation.max_new_tokens", "no room"),
+    ("diagnostic dataset", ["diagnostic", "datasets", "aime2026"], 30, False, "diagnostic.datasets.aime2026", "not a configured benchmark"),
+    ("diagnostic model", ["diagnostic", "model"], "llama", False, "diagnostic.model", "not a configured model"),
+    ("diagnostic labels", ["diagnostic", "labels", "v_low"], 0.9, False, "diagnostic.labels.v_low", "must not exceed"),
+    ("diagnostic unknown key", ["diagnostic", "candidates", "spaceing"], 64, False, "diagnostic.candidates.spaceing", "unknown key"),
+    ("diagnostic schedule", ["diagnostic", "figure", "schedule"], "pwopsd_gentle", False, "diagnostic.figure.schedule", "not a configured method"),
 ]
 
 

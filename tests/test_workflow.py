@@ -43,7 +43,28 @@ def test_paper_dry_run_lists_data_and_generation_jobs():
     assert counts["generate"] == (3 + runs) * seeds and counts["grade"] == (3 + runs) * seeds
     assert counts["train"] == runs and counts["merge_adapter"] == runs
     assert counts["table"] == 4 and counts["schedules_figure"] == 1 and counts["aggregate_metrics"] == 1
+    assert all(counts[phase] == 1 for phase in DIAGNOSTIC_PHASES + ["branch_auroc_table", "branch_auroc_figure"])
     assert "build_tiny_model" not in counts
+
+
+DIAGNOSTIC_PHASES = ["spines", "teacher_pass", "candidates", "mc_dropout", "forced_continuation", "viability_labels",
+                     "branch_scores"]
+
+
+def test_branch_auroc_dry_run_lists_exactly_the_phase_jobs():
+    proc = run_snakemake(["-n", "results/figures/branch_auroc.pdf", "results/tables/branch_auroc.tex"])
+    out = proc.stdout + proc.stderr
+    counts = job_counts(out)
+    assert counts == {"fetch_model": 1, "prepare_benchmark": 3, **{p: 1 for p in DIAGNOSTIC_PHASES},
+                      "branch_auroc_table": 1, "branch_auroc_figure": 1, "total": 13}
+    assert set(re.findall(r"results/data/benchmarks/(\w+)\.parquet", out)) == {"math500", "aime2024", "aime2025"}
+    assert "results/diagnostic/qwen3_4b/spines.parquet" in out and "results/models/qwen3_4b/base.json" in out
+    # GPUs from the model entry: generation phases get gpus.generate, HF forwards gpus.forward, the rest none.
+    for rule, gpus in {"spines": 4, "forced_continuation": 4, "teacher_pass": 1, "mc_dropout": 1}.items():
+        assert re.search(rf"rule {rule}:(?:(?!\nrule ).)*?resources: [^\n]*gpu={gpus}\b", out, re.S), rule
+    for rule in ("candidates", "viability_labels", "branch_scores", "branch_auroc_table"):
+        block = re.search(rf"rule {rule}:(?:(?!\n\[|\nrule ).)*", out, re.S).group(0)
+        assert "gpu=" not in block, rule
 
 
 def test_main_table_dry_run_lists_exactly_the_papers_runs():
@@ -163,6 +184,39 @@ def test_tiny_run_writes_tables_and_figures(tiny_run):
     for fig in ("pwopsd_schedules", "training_curves_tiny_qwen3"):
         assert (workdir / f"results/figures/{fig}.pdf").read_bytes()[:5] == b"%PDF-"
         assert len(pd.read_csv(workdir / f"results/figures/{fig}.csv")) > 0
+
+
+@pytest.mark.workflow
+def test_tiny_run_branch_viability_diagnostic(tiny_run):
+    from pwopsd import stats
+
+    workdir, _ = tiny_run
+    d = workdir / "results/diagnostic/tiny_qwen3"
+    spines = pd.read_parquet(d / "spines.parquet")
+    assert len(spines) == 36 and spines.groupby("dataset").size().to_dict() == {"arith_l1": 12, "arith_l2": 12, "arith_l3": 12}
+    labels = pd.read_parquet(d / "labels.parquet")
+    cont = pd.read_parquet(d / "forced_continuations.parquet")
+    assert (labels["n_continuations"] == 18).all() and len(cont) == 18 * len(labels)
+    summary = json.loads((d / "branch_auroc.json").read_text())
+    scored = pd.read_parquet(d / "scored.parquet")
+    pool = scored[scored["spine_correct"] & scored["label"].isin([stats.REAL_UNCERTAIN, stats.DIVERSITY])]
+    c = summary["counts"]
+    assert c["real_uncertain"] == (pool["label"] == stats.REAL_UNCERTAIN).sum() and c["diversity"] == (pool["label"] == stats.DIVERSITY).sum()
+    assert c["correct_spines"] == spines["correct"].sum() and c["candidates"] == len(labels)
+    table = (workdir / "results/tables/branch_auroc.tex").read_text()
+    assert f"separating ${c['real_uncertain']}$ \\emph{{real-uncertain}}" in table
+    if summary["status"] == "ok":
+        y = (pool["label"] == stats.REAL_UNCERTAIN).astype(int)
+        groups = pool["dataset"] + "/" + pool["problem_id"]
+        row = next(r for r in summary["scores"] if r["score"] == "early_position")
+        assert row["auroc"] == pytest.approx(stats.residualized_auroc(pool["early_position"], y, groups))
+        assert f"{row['auroc']:.2f}" in table and "n/a" not in table
+    else:
+        assert "Not computable" in table
+    for fig in ("branch_auroc", "branch_auroc_scatter"):
+        assert (workdir / f"results/figures/{fig}.pdf").read_bytes()[:5] == b"%PDF-"
+    panels = pd.read_csv(workdir / "results/figures/branch_auroc.csv")
+    assert set(panels["panel"]) == {"A", "B"} and panels["series"].str.startswith("schedule").any()
 
 
 @pytest.mark.workflow

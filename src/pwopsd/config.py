@@ -146,6 +146,22 @@ def _semantic_problems(cfg: dict) -> list[str]:
             problems.append(f"tables.cross_model.models.{i}: {model!r} is not a configured model")
     if tables and "training" not in cfg:
         problems.append("tables: needs a 'training' section (the tables compare trained methods)")
+    diag = cfg.get("diagnostic")
+    if diag is not None:
+        if diag.get("model") is not None and diag["model"] not in cfg["models"]:
+            problems.append(f"diagnostic.model: {diag['model']!r} is not a configured model")
+        for name in diag["datasets"]:
+            if name not in cfg["benchmarks"]:
+                problems.append(f"diagnostic.datasets.{name}: not a configured benchmark ({', '.join(cfg['benchmarks'])})")
+        if diag["labels"]["v_low"] > diag["labels"]["v_high"]:
+            problems.append("diagnostic.labels.v_low: must not exceed diagnostic.labels.v_high")
+        if diag["candidates"]["children"] > diag["teacher_pass"]["top_k"]:
+            problems.append("diagnostic.candidates.children: more children than diagnostic.teacher_pass.top_k stored tokens")
+        if diag["spine"]["max_new_tokens"] >= diag["spine"]["max_model_len"]:
+            problems.append("diagnostic.spine.max_new_tokens: leaves no room for the prompt within diagnostic.spine.max_model_len")
+        schedule = diag["figure"]["schedule"]
+        if cfg.get("methods") and schedule not in cfg["methods"]:
+            problems.append(f"diagnostic.figure.schedule: {schedule!r} is not a configured method")
     tiny = cfg.get("tiny")
     if tiny and "student_accuracy_range" in tiny:
         lo, hi = tiny["student_accuracy_range"]
@@ -289,3 +305,24 @@ def hub_models(cfg: dict) -> list[str]:
 
 def built_models(cfg: dict) -> list[str]:
     return [m for m, e in cfg["models"].items() if "built_by" in e]
+
+
+def diagnostic_model(cfg: dict) -> str | None:
+    """The model the branch-viability diagnostic runs on (None without a diagnostic section)."""
+    diag = cfg.get("diagnostic")
+    if diag is None:
+        return None
+    return diag.get("model") or next(iter(cfg["models"]))
+
+
+def diagnostic_settings(cfg: dict, model: str) -> dict:
+    """Everything that determines the diagnostic's results for ``model`` (rule params)."""
+    diag = cfg["diagnostic"]
+    m = cfg["models"][model]
+    out = {k: v for k, v in diag.items() if k not in ("model", "figure")}
+    out["chat_template"] = m["chat_template"]
+    out["dtype"] = m["dtype"]
+    schedule = diag["figure"]["schedule"]
+    out["figure"] = {"bins": diag["figure"]["bins"], "schedule": schedule,
+                     "schedule_params": cfg.get("methods", {}).get(schedule, {}).get("params")}
+    return out

@@ -1,5 +1,6 @@
-"""Branch-viability diagnostic building blocks (paper Appendices A-B): Phase C candidate selection
-and Phase D MC-dropout hooks. The phases' rules and data flow build on these."""
+"""Per-spine building blocks of the branch-viability diagnostic (paper Appendices A-B): the
+streamed teacher pass (Phase B), candidate selection (Phase C), MC-dropout hooks (Phase D) and
+forced-continuation requests (Phase E). :mod:`pwopsd.branch_viability` runs the phases on tables."""
 
 from __future__ import annotations
 
@@ -98,6 +99,13 @@ def mc_dropout(model, *, last_layers: int = 4, p: float = 0.1) -> Iterator[None]
             h.remove()
 
 
+def last_hidden_states(model, ids: Sequence[int]) -> torch.Tensor:
+    """``[T, d]`` final hidden states of one sequence (the decoder only: no vocabulary projection)."""
+    x = torch.tensor([list(ids)], device=next(model.parameters()).device)
+    inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    return inner(input_ids=x).last_hidden_state[0]
+
+
 @torch.no_grad()
 def teacher_pass(model, prompt_ids: Sequence[int], spine_ids: Sequence[int], *, top_k: int = 16,
                  chunk_size: int = 256) -> dict[str, np.ndarray]:
@@ -108,9 +116,7 @@ def teacher_pass(model, prompt_ids: Sequence[int], spine_ids: Sequence[int], *, 
     a time, so full-vocabulary distributions never exist for the whole spine. Position ``t``
     predicts ``spine_ids[t]`` (from the hidden state of the token before it).
     """
-    ids = torch.tensor([list(prompt_ids) + list(spine_ids)], device=next(model.parameters()).device)
-    inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    hidden = inner(input_ids=ids).last_hidden_state[0]
+    hidden = last_hidden_states(model, list(prompt_ids) + list(spine_ids))
     head = model.get_output_embeddings().weight
     start = len(prompt_ids) - 1
     entropies, top_ids, top_probs = [], [], []
@@ -126,10 +132,14 @@ def teacher_pass(model, prompt_ids: Sequence[int], spine_ids: Sequence[int], *, 
 
 
 def forced_continuation_requests(student_prompt_ids: Sequence[int], spine_ids: Sequence[int], position: int,
-                                 children: Sequence[int], *, n: int = 6, seed: int = 0, temperature: float = 1.0,
-                                 top_p: float = 0.95, max_model_len: int = 32768):
+                                 children: Sequence[int], *, n: int = 6, seed: int = 0, seed_stride: int | None = None,
+                                 temperature: float = 1.0, top_p: float = 0.95, max_model_len: int = 32768):
     """Phase E: one request per forced child: student prompt + spine up to ``position`` + child,
-    ``n`` continuations at T=1.0/top_p 0.95, new tokens clipped to fit ``max_model_len``."""
+    ``n`` continuations at T=1.0/top_p 0.95, new tokens clipped to fit ``max_model_len``.
+
+    Child ``j`` gets request seed ``seed + j * seed_stride`` (default stride ``n``: the children's
+    samples, seeds ``s + k`` in vLLM's convention, never share a seed)."""
+    stride = n if seed_stride is None else seed_stride
     from .generation import GenerationRequest
 
     reqs = []
@@ -138,6 +148,6 @@ def forced_continuation_requests(student_prompt_ids: Sequence[int], spine_ids: S
         room = max_model_len - len(prompt)
         if room < 1:
             raise ValueError(f"forced prefix of {len(prompt)} tokens does not fit max_model_len={max_model_len}")
-        reqs.append(GenerationRequest(prompt, n=n, seed=seed + 1000 * j, temperature=temperature, top_p=top_p,
+        reqs.append(GenerationRequest(prompt, n=n, seed=seed + stride * j, temperature=temperature, top_p=top_p,
                                       top_k=0, max_new_tokens=room))
     return reqs

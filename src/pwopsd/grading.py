@@ -333,3 +333,16 @@ def grade_answers(predictions: Sequence[str | None], golds: Sequence[str], *, wo
         raise ValueError(f"{len(predictions)} predictions but {len(golds)} golds")
     with GraderPool(workers=workers, timeout=timeout, options=options) as pool:
         return [g.correct for g in pool.grade_pairs(list(zip(golds, predictions)))]
+
+
+def answer_grader(grading: dict, workers: int):
+    """``grade(predictions, golds) -> list[bool]`` from the rule's grading params
+    (``pwopsd.config.grading_options``: the options plus ``timeout``)."""
+    opts = dict(grading)
+    timeout = opts.pop("timeout")
+    options = GradingOptions(**opts)
+
+    def grade(predictions, golds):
+        return grade_answers(predictions, golds, workers=max(1, int(workers)), timeout=timeout, options=options)
+
+    return grade

@@ -96,3 +96,9 @@ def default_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_checkpoint(manifest_path: str | os.PathLike, dtype: str):
+    """``(manifest, model, tokenizer)`` of a checkpoint, the model on the default device."""
+    manifest = read_manifest(manifest_path)
+    return manifest, load_model(manifest, device=default_device(), dtype=dtype), load_tokenizer(manifest)

@@ -42,6 +42,16 @@ TEACHER_TRAIN_TEMPLATE = (
 
 EVAL_TEMPLATE = "{problem}\n\n" + BOXED_INSTRUCTION
 
+# The branch-viability diagnostic's privileged-answer teacher (paper Appendix A; it appears only in
+# the paper, one line per displayed line). "{{answer}}" in the paper's display is read as the answer
+# inside \boxed{...}; see docs/decisions.md.
+DIAGNOSTIC_TEACHER_TEMPLATE = (
+    "You are a privileged teacher. Solve the problem and end your solution with the correct boxed answer.\n"
+    "Problem: {problem}\n"
+    "Privileged ground-truth final answer: {answer}\n"
+    "Use the ground-truth answer above. Produce a complete step-by-step solution that ends with \\boxed{{answer}}."
+)
+
 # An unclosed <think> at the very end of a rendered prompt.
 OPEN_THINK_AT_END = re.compile(r"<think\s*>\s*$")
 THINK_CLOSURE = "</think>\n\n"
@@ -54,6 +64,11 @@ def student_message(problem: str) -> str:
 def teacher_message(problem: str, solution: str) -> str:
     # Substitute the solution first so that a "{problem}" inside a solution text stays literal.
     return TEACHER_TRAIN_TEMPLATE.replace("{solution}", solution).replace("{problem}", problem, 1)
+
+
+def diagnostic_teacher_message(problem: str, answer: str) -> str:
+    # The answer first, so that a "{problem}" inside an answer stays literal; then the one problem slot.
+    return DIAGNOSTIC_TEACHER_TEMPLATE.replace("{answer}", answer).replace("{problem}", problem, 1)
 
 
 def eval_message(problem: str) -> str:

@@ -43,3 +43,12 @@ def versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             pass
     return out
+
+
+def provenance(manifest: dict | None = None, **extra) -> dict:
+    """The provenance block of a result file: package versions, the model id and revision, plus
+    whatever settings produced it (``extra``)."""
+    out = {"versions": versions(), **extra}
+    if manifest is not None:
+        out.update(model_path=manifest.get("path"), hf_id=manifest.get("hf_id"), revision=manifest.get("revision"))
+    return out

@@ -83,6 +83,66 @@ def fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def partial_dir(output: str | Path, key: Any) -> Path:
+    """Where the finished shards of a resumable generation for ``output`` are kept: a hidden
+    sibling folder (not a declared output), one subfolder per fingerprint of ``key``."""
+    output = Path(output)
+    return output.parent / f".{output.name}.partial" / fingerprint(key)
+
+
+def clear_partial(output: str | Path) -> None:
+    output = Path(output)
+    shutil.rmtree(output.parent / f".{output.name}.partial", ignore_errors=True)
+
+
+def generate_resumable(
+    backend: Backend,
+    requests: Sequence[GenerationRequest],
+    keys: Sequence[dict[str, Any]],
+    *,
+    partial: Path,
+    shard_size: int = 100,
+    token_ids: bool = False,
+) -> pd.DataFrame:
+    """Run ``requests`` in shards of ``shard_size`` requests; one row per completion.
+
+    Row ``k`` of a request carries that request's ``keys`` columns, ``sample_index`` (``k``),
+    ``text``, ``num_tokens``, ``finish_reason``, ``prompt_tokens`` (and ``token_ids`` when asked).
+    Each finished shard is saved under ``partial`` and reused when the job is restarted; the
+    caller names ``partial`` (:func:`partial_dir`) from everything that determines the samples.
+    """
+    if len(keys) != len(requests):
+        raise ValueError(f"{len(keys)} key rows for {len(requests)} requests")
+    partial.mkdir(parents=True, exist_ok=True)
+    frames = []
+    n_shards = (len(requests) + shard_size - 1) // shard_size
+    t0 = time.time()
+    for s in range(n_shards):
+        shard_file = partial / f"shard-{s:05d}.parquet"
+        if shard_file.exists():
+            log.info("shard %d/%d already done, reusing %s", s + 1, n_shards, shard_file)
+            frames.append(pd.read_parquet(shard_file))
+            continue
+        lo, hi = s * shard_size, min(len(requests), (s + 1) * shard_size)
+        results = backend.generate(requests[lo:hi])
+        rows = []
+        for key, req, completions in zip(keys[lo:hi], requests[lo:hi], results):
+            for j, c in enumerate(completions):
+                row = {**key, "sample_index": j, "text": c.text, "num_tokens": len(c.token_ids),
+                       "finish_reason": c.finish_reason, "prompt_tokens": len(req.prompt_ids)}
+                if token_ids:
+                    row["token_ids"] = list(c.token_ids)
+                rows.append(row)
+        frame = pd.DataFrame(rows)
+        write_parquet(frame, shard_file)
+        frames.append(frame)
+        log.info("shard %d/%d: %d samples (%.1fs elapsed)", s + 1, n_shards, len(frame), time.time() - t0)
+    if not frames:
+        return pd.DataFrame(columns=[*(keys[0] if keys else {}), "sample_index", "text", "num_tokens", "finish_reason",
+                                     "prompt_tokens"])
+    return pd.concat(frames, ignore_index=True)
+
+
 def sample_benchmark(
     backend: Backend,
     problem_ids: Sequence[str],
@@ -94,43 +154,14 @@ def sample_benchmark(
     shard_size: int = 100,
 ) -> pd.DataFrame:
     """Generate ``sampling.n`` samples per problem and write the generations parquet at ``output``."""
-    output = Path(output)
-    fp = fingerprint({"meta": metadata, "sampling": sampling.__dict__, "ids": list(problem_ids), "prompts": [list(p) for p in prompt_ids]})
-    partial = output.parent / f".{output.name}.partial" / fp
-    partial.mkdir(parents=True, exist_ok=True)
-    frames = []
-    n_shards = (len(problem_ids) + shard_size - 1) // shard_size
     t0 = time.time()
-    for s in range(n_shards):
-        shard_file = partial / f"shard-{s:05d}.parquet"
-        if shard_file.exists():
-            log.info("shard %d/%d already done, reusing %s", s + 1, n_shards, shard_file)
-            frames.append(pd.read_parquet(shard_file))
-            continue
-        lo, hi = s * shard_size, min(len(problem_ids), (s + 1) * shard_size)
-        requests = [sampling.request(p) for p in prompt_ids[lo:hi]]
-        results = backend.generate(requests)
-        rows = []
-        for pid, req, completions in zip(problem_ids[lo:hi], requests, results):
-            for j, c in enumerate(completions):
-                rows.append(
-                    {
-                        "problem_id": pid,
-                        "sample_index": j,
-                        "text": c.text,
-                        "num_tokens": len(c.token_ids),
-                        "finish_reason": c.finish_reason,
-                        "prompt_tokens": len(req.prompt_ids),
-                    }
-                )
-        frame = pd.DataFrame(rows)
-        write_parquet(frame, shard_file)
-        frames.append(frame)
-        log.info("shard %d/%d: %d samples (%.1fs elapsed)", s + 1, n_shards, len(frame), time.time() - t0)
-    table = pd.concat(frames, ignore_index=True)
+    requests = [sampling.request(p) for p in prompt_ids]
+    key = {"meta": metadata, "sampling": sampling.__dict__, "ids": list(problem_ids), "prompts": [list(p) for p in prompt_ids]}
+    table = generate_resumable(backend, requests, [{"problem_id": pid} for pid in problem_ids],
+                               partial=partial_dir(output, key), shard_size=shard_size)
     meta = {**metadata, "sampling": sampling.__dict__, "backend": backend.versions(), "seconds": round(time.time() - t0, 3)}
     write_parquet(table, output, metadata=meta)
-    shutil.rmtree(partial.parent, ignore_errors=True)
+    clear_partial(output)
     return table
 
 

@@ -140,3 +140,39 @@ def render_table(summary, spec: dict, benchmarks: Sequence[str]) -> str:
                               benchmark=(b, spec["benchmark_labels"].get(b, b)), n=n, caption=caption,
                               label="tab:reduction-ablation")
     raise ValueError(f"unknown table kind {kind!r}")
+
+
+def branch_auroc_table(summary: dict, *, model_label: str) -> str:
+    """Table 1 from the Phase G summary (``branch_auroc.json``): one row per score with the
+    within-problem residualized AUROC and its cluster-bootstrap interval; the pool's counts go in
+    the caption. When the pool cannot give an AUROC (``status`` not ``ok``), the cells read
+    ``n/a`` and the caption says why."""
+    c = summary["counts"]
+    level = round(100 * summary["settings"]["scores"]["level"])
+    ok = summary["status"] == "ok"
+    caption = (
+        f"Branch-viability classification on {model_label}. Entries are within-problem residualized AUROC for "
+        f"separating ${c['real_uncertain']}$ \\emph{{real-uncertain}} candidates (whose forced student-context "
+        f"continuations fail to recover the correct answer) from ${c['diversity']}$ \\emph{{diversity}} candidates "
+        f"(whose continuations remain viable) across ${c['problems_labelled']}$ problems"
+        + (", restricted to the correct-spine subset" if summary["settings"]["scores"]["correct_spines_only"] else "")
+        + " and to high-truncated-entropy candidate positions "
+        f"(${c['correct_spines']}$ of ${c['problems']}$ spines correct; ${c['gray']}$ gray candidates excluded). "
+        "For position, the scored feature is $1-\\widetilde r$, so larger values correspond to earlier tokens. "
+        f"Cluster-bootstrap ${level}\\%$ CIs are computed over problems."
+    )
+    if not ok:
+        caption += f" \\textbf{{Not computable: {summary['status']}.}}"
+    aurocs = [row["auroc"] for row in summary["scores"]]
+    flags = bold_flags([a if a is not None else float("nan") for a in aurocs], within=0.0)
+    body = [f"score (residualized within problem) & residual AUROC & ${level}\\%$ CI\\\\", "\\midrule"]
+    for row, bold in zip(summary["scores"], flags):
+        if row["auroc"] is None:
+            body.append(f"{row['label']} & n/a & n/a\\\\")
+            continue
+        ci = "n/a" if row["ci_low"] is None else f"[{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+        a = f"{row['auroc']:.2f}"
+        if bold:
+            a, ci = f"\\mathbf{{{a}}}", (f"\\mathbf{{{ci}}}" if ci != "n/a" else ci)
+        body.append(f"{row['label']} & ${a}$ & ${ci}$\\\\" if ci != "n/a" else f"{row['label']} & ${a}$ & n/a\\\\")
+    return _wrap(body, caption, "tab:branch-auroc", "lcc")

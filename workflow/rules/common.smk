@@ -25,6 +25,7 @@ SEEDS = cfgmod.seed_names(config)
 EVAL_MODELS = cfgmod.eval_models(config)
 METHODS = list(config.get("methods", {}))
 TABLE_RUNS = cfgmod.table_runs(config)
+DIAGNOSTIC_MODEL = cfgmod.diagnostic_model(config)
 TABLE_OUTPUTS = {spec["output"]: kind for kind, spec in config.get("tables", {}).items() if isinstance(spec, dict) and "output" in spec}
 
 
@@ -121,6 +122,8 @@ def all_tables_and_figures():
     if config.get("tables", {}).get("schedules"):
         files.append("results/figures/pwopsd_schedules.pdf")
     files += [f"results/figures/training_curves_{m}.pdf" for m in dict.fromkeys(mo for mo, _ in trained_runs())]
+    if DIAGNOSTIC_MODEL:
+        files += ["results/tables/branch_auroc.tex", "results/figures/branch_auroc.pdf"]
     return files
 
 

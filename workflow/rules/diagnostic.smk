@@ -1,0 +1,215 @@
+# Branch-viability diagnostic (paper §3.2, Appendices A-B): one rule per phase, explicit files in
+# between, all under results/diagnostic/{model}/. The diagnosed model is diagnostic.model (its base
+# checkpoint, no adapters); Table 1 and Figure 1 are drawn from it.
+#
+#   A spines -> B teacher_pass -> C candidates -> D mc_dropout
+#                                              -> E forced_continuation -> F viability_labels
+#   G branch_scores (C, D, F) -> branch_auroc_table (Table 1), branch_auroc_figure (Figure 1)
+#
+# A and E sample with the generation backend (vllm on the cluster, hf in tiny mode); B and D are
+# HF forwards. Each rule's params hold exactly the settings its phase reads.
+
+
+def diagnostic_benchmarks(wildcards):
+    return [f"results/data/benchmarks/{name}.parquet" for name in config["diagnostic"]["datasets"]]
+
+
+def diagnostic_params(*keys):
+    """Rule params: the named parts of the diagnostic settings of the job's model."""
+
+    def _params(wildcards):
+        settings = cfgmod.diagnostic_settings(config, wildcards.model)
+        return {k: settings[k] for k in keys}
+
+    return _params
+
+
+rule spines:
+    input:
+        benchmarks=diagnostic_benchmarks,
+        model="results/models/{model}/base.json",
+    output:
+        spines="results/diagnostic/{model}/spines.parquet",
+    params:
+        settings=diagnostic_params("datasets", "sample_seed", "student_prompt", "spine", "chat_template", "dtype"),
+        datasets=lambda wc: list(config["diagnostic"]["datasets"]),
+        grading=lambda wc: cfgmod.grading_options(config),
+        backend=generation_backend,
+    threads: config["evaluation"]["threads"]
+    resources:
+        gpu=gpus_for("generate"),
+    log:
+        "logs/diagnostic/{model}/spines.log",
+    benchmark:
+        "logs/benchmarks/diagnostic/{model}/spines.tsv"
+    conda:
+        "../../envs/vllm.yaml"
+    script:
+        "../scripts/diagnostic_spines.py"
+
+
+rule teacher_pass:
+    input:
+        spines=rules.spines.output.spines,
+        model="results/models/{model}/base.json",
+    output:
+        teacher_pass="results/diagnostic/{model}/teacher_pass.parquet",
+    params:
+        settings=diagnostic_params("teacher_prompt", "teacher_pass", "candidates", "chat_template", "dtype"),
+    threads: config["evaluation"]["threads"]
+    resources:
+        gpu=gpus_for("forward"),
+    log:
+        "logs/diagnostic/{model}/teacher_pass.log",
+    benchmark:
+        "logs/benchmarks/diagnostic/{model}/teacher_pass.tsv"
+    conda:
+        "../../envs/train.yaml"
+    script:
+        "../scripts/diagnostic_teacher_pass.py"
+
+
+rule candidates:
+    input:
+        spines=rules.spines.output.spines,
+        teacher_pass=rules.teacher_pass.output.teacher_pass,
+        model="results/models/{model}/base.json",
+    output:
+        candidates="results/diagnostic/{model}/candidates.parquet",
+    params:
+        settings=diagnostic_params("candidates", "teacher_pass"),
+    log:
+        "logs/diagnostic/{model}/candidates.log",
+    benchmark:
+        "logs/benchmarks/diagnostic/{model}/candidates.tsv"
+    conda:
+        "../../envs/train.yaml"
+    script:
+        "../scripts/diagnostic_candidates.py"
+
+
+rule mc_dropout:
+    input:
+        spines=rules.spines.output.spines,
+        candidates=rules.candidates.output.candidates,
+        model="results/models/{model}/base.json",
+    output:
+        mc_dropout="results/diagnostic/{model}/mc_dropout.parquet",
+    params:
+        settings=diagnostic_params("mc_dropout", "teacher_prompt", "chat_template", "dtype"),
+    threads: config["evaluation"]["threads"]
+    resources:
+        gpu=gpus_for("forward"),
+    log:
+        "logs/diagnostic/{model}/mc_dropout.log",
+    benchmark:
+        "logs/benchmarks/diagnostic/{model}/mc_dropout.tsv"
+    conda:
+        "../../envs/train.yaml"
+    script:
+        "../scripts/diagnostic_mc_dropout.py"
+
+
+rule forced_continuation:
+    input:
+        spines=rules.spines.output.spines,
+        candidates=rules.candidates.output.candidates,
+        model="results/models/{model}/base.json",
+    output:
+        continuations="results/diagnostic/{model}/forced_continuations.parquet",
+    params:
+        settings=diagnostic_params("forced_continuation", "candidates", "dtype"),
+        backend=generation_backend,
+    threads: config["evaluation"]["threads"]
+    resources:
+        gpu=gpus_for("generate"),
+    log:
+        "logs/diagnostic/{model}/forced_continuation.log",
+    benchmark:
+        "logs/benchmarks/diagnostic/{model}/forced_continuation.tsv"
+    conda:
+        "../../envs/vllm.yaml"
+    script:
+        "../scripts/diagnostic_forced_continuation.py"
+
+
+rule viability_labels:
+    input:
+        spines=rules.spines.output.spines,
+        candidates=rules.candidates.output.candidates,
+        continuations=rules.forced_continuation.output.continuations,
+    output:
+        labels="results/diagnostic/{model}/labels.parquet",
+    params:
+        settings=diagnostic_params("labels"),
+        grading=lambda wc: cfgmod.grading_options(config),
+    threads: lambda wc: config["grading"]["workers"]
+    log:
+        "logs/diagnostic/{model}/viability_labels.log",
+    benchmark:
+        "logs/benchmarks/diagnostic/{model}/viability_labels.tsv"
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/diagnostic_labels.py"
+
+
+rule branch_scores:
+    input:
+        spines=rules.spines.output.spines,
+        candidates=rules.candidates.output.candidates,
+        mc_dropout=rules.mc_dropout.output.mc_dropout,
+        labels=rules.viability_labels.output.labels,
+    output:
+        scored="results/diagnostic/{model}/scored.parquet",
+        summary="results/diagnostic/{model}/branch_auroc.json",
+    params:
+        settings=diagnostic_params("scores", "labels"),
+    log:
+        "logs/diagnostic/{model}/branch_scores.log",
+    benchmark:
+        "logs/benchmarks/diagnostic/{model}/branch_scores.tsv"
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/diagnostic_scores.py"
+
+
+rule branch_auroc_table:
+    input:
+        summary=f"results/diagnostic/{DIAGNOSTIC_MODEL}/branch_auroc.json",
+    output:
+        tex="results/tables/branch_auroc.tex",
+        csv="results/tables/branch_auroc.csv",
+    params:
+        model_label=lambda wc: config.get("tables", {}).get("model_labels", {}).get(DIAGNOSTIC_MODEL, DIAGNOSTIC_MODEL),
+    log:
+        "logs/tables/branch_auroc.log",
+    benchmark:
+        "logs/benchmarks/tables/branch_auroc.tsv"
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/branch_auroc_table.py"
+
+
+rule branch_auroc_figure:
+    input:
+        scored=f"results/diagnostic/{DIAGNOSTIC_MODEL}/scored.parquet",
+    output:
+        pdf="results/figures/branch_auroc.pdf",
+        csv="results/figures/branch_auroc.csv",
+        scatter_pdf="results/figures/branch_auroc_scatter.pdf",
+        scatter_csv="results/figures/branch_auroc_scatter.csv",
+    params:
+        figure=lambda wc: cfgmod.diagnostic_settings(config, DIAGNOSTIC_MODEL)["figure"],
+        correct_spines_only=lambda wc: config["diagnostic"]["scores"]["correct_spines_only"],
+        labels=lambda wc: config["diagnostic"]["labels"],
+    log:
+        "logs/figures/branch_auroc.log",
+    benchmark:
+        "logs/benchmarks/figures/branch_auroc.tsv"
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/branch_auroc_figure.py"

@@ -1,0 +1,25 @@
+"""Rule branch_auroc_figure: Figure 1 (failure rate by position vs entropy; reliability curve with
+the PW-OPSD schedule) and the scatter/histogram figure, each with its plotted data as CSV."""
+
+import pandas as pd
+
+from pwopsd.figures import branch_auroc_figure, branch_scatter_figure
+from pwopsd.runtime import setup_logging
+from pwopsd.standalone import standalone_snakemake
+
+
+def main(snakemake):
+    log = setup_logging(snakemake.log[0])
+    scored = pd.read_parquet(snakemake.input.scored)
+    if snakemake.params.correct_spines_only:
+        scored = scored[scored["spine_correct"]]
+    fig = dict(snakemake.params.figure)
+    data = branch_auroc_figure(scored, bins=int(fig["bins"]), schedule=fig["schedule_params"], schedule_name=fig["schedule"],
+                               pdf_path=snakemake.output.pdf, csv_path=snakemake.output.csv)
+    branch_scatter_figure(scored, labels=snakemake.params.labels, pdf_path=snakemake.output.scatter_pdf,
+                          csv_path=snakemake.output.scatter_csv)
+    log.info("Figure 1 from %d candidates (%d plotted bins)", len(scored), len(data))
+
+
+if __name__ == "__main__":
+    main(snakemake if "snakemake" in globals() else standalone_snakemake("branch_auroc_figure"))  # noqa: F821

@@ -1,0 +1,24 @@
+"""Rule branch_auroc_table: Table 1 (+ its numbers as CSV) from the Phase G summary."""
+
+import json
+
+import pandas as pd
+
+from pwopsd.io import atomic_path
+from pwopsd.runtime import setup_logging
+from pwopsd.standalone import standalone_snakemake
+from pwopsd.tables import branch_auroc_table
+
+
+def main(snakemake):
+    log = setup_logging(snakemake.log[0])
+    summary = json.loads(open(snakemake.input.summary).read())
+    with atomic_path(snakemake.output.tex) as tmp:
+        tmp.write_text(branch_auroc_table(summary, model_label=snakemake.params.model_label))
+    with atomic_path(snakemake.output.csv) as tmp:
+        pd.DataFrame(summary["scores"]).to_csv(tmp, index=False, float_format="%.6f")
+    log.info("Table 1: %s", summary["status"])
+
+
+if __name__ == "__main__":
+    main(snakemake if "snakemake" in globals() else standalone_snakemake("branch_auroc_table"))  # noqa: F821

@@ -1,0 +1,36 @@
+"""Rule forced_continuation (diagnostic Phase E): student-context rollouts after each forced child."""
+
+import time
+
+import pandas as pd
+
+from pwopsd.branch_viability import forced_continuation_plan
+from pwopsd.config import backend_options
+from pwopsd.io import write_parquet
+from pwopsd.models import load_tokenizer, read_manifest
+from pwopsd.runtime import provenance, set_threads, setup_logging
+from pwopsd.sampling import clear_partial, generate_resumable, make_backend, partial_dir
+from pwopsd.standalone import standalone_snakemake
+
+
+def main(snakemake):
+    log = setup_logging(snakemake.log[0])
+    set_threads(snakemake.threads)
+    s, out = snakemake.params.settings, snakemake.output.continuations
+    manifest = read_manifest(snakemake.input.model)
+    requests, keys = forced_continuation_plan(pd.read_parquet(snakemake.input.spines),
+                                              pd.read_parquet(snakemake.input.candidates), s)
+    backend = make_backend(snakemake.params.backend, manifest, dtype=s["dtype"],
+                           max_model_len=s["forced_continuation"]["max_model_len"],
+                           options=backend_options(snakemake.config, snakemake.wildcards.model),
+                           tokenizer=load_tokenizer(manifest))
+    t0 = time.time()
+    table = generate_resumable(backend, requests, keys, partial=partial_dir(out, {"requests": requests, "keys": keys}))
+    write_parquet(table, out, metadata=provenance(manifest, phase="E", settings=s, backend=backend.versions(),
+                                                  seconds=round(time.time() - t0, 3)))
+    clear_partial(out)
+    log.info("forced continuations: %d rollouts for %d (candidate, child) pairs", len(table), len(requests))
+
+
+if __name__ == "__main__":
+    main(snakemake if "snakemake" in globals() else standalone_snakemake("forced_continuation"))  # noqa: F821

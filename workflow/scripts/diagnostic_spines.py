@@ -1,0 +1,36 @@
+"""Rule spines (diagnostic Phase A): greedy student-template rollouts with a T=0.7 fallback, graded."""
+
+import pandas as pd
+
+from pwopsd.branch_viability import run_spines, sample_problems
+from pwopsd.config import backend_options
+from pwopsd.grading import answer_grader
+from pwopsd.io import write_parquet
+from pwopsd.models import load_tokenizer, read_manifest
+from pwopsd.runtime import provenance, set_threads, setup_logging
+from pwopsd.sampling import clear_partial, make_backend, partial_dir
+from pwopsd.standalone import standalone_snakemake
+
+
+def main(snakemake):
+    log = setup_logging(snakemake.log[0])
+    set_threads(snakemake.threads)
+    s, out = snakemake.params.settings, snakemake.output.spines
+    manifest = read_manifest(snakemake.input.model)
+    tokenizer = load_tokenizer(manifest)
+    tables = {name: pd.read_parquet(path) for name, path in zip(snakemake.params.datasets, snakemake.input.benchmarks)}
+    problems = sample_problems(tables, dict(s["datasets"]), int(s["sample_seed"]))
+    backend = make_backend(snakemake.params.backend, manifest, dtype=s["dtype"], max_model_len=s["spine"]["max_model_len"],
+                           options=backend_options(snakemake.config, snakemake.wildcards.model), tokenizer=tokenizer)
+    grade = answer_grader(snakemake.params.grading, snakemake.threads)
+
+    spines = run_spines(backend, tokenizer, problems, s, grade=grade, partial_root=lambda key: partial_dir(out, key))
+    write_parquet(spines, out, metadata=provenance(manifest, phase="A", settings=s, grading=snakemake.params.grading,
+                                                   backend=backend.versions()))
+    clear_partial(out)
+    log.info("spines: %d problems, %d correct, %d by fallback", len(spines), int(spines["correct"].sum()),
+             int((spines["decoding"] == "fallback").sum()))
+
+
+if __name__ == "__main__":
+    main(snakemake if "snakemake" in globals() else standalone_snakemake("spines"))  # noqa: F821
