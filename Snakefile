@@ -16,6 +16,23 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
+# Cheap jobs and jobs that need the internet (Hub downloads) run on the submitting (login) node
+# when a cluster executor is used.
+localrules:
+    all,
+    prepare_benchmark,
+    prepare_train_corpus,
+    fetch_model,
+    aggregate_metrics,
+    table,
+    schedules_figure,
+    training_curves,
+    reproduction_report,
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/models.smk"
@@ -28,6 +45,9 @@ include: "workflow/rules/tables.smk"
 if DIAGNOSTIC_MODEL:
 
     include: "workflow/rules/diagnostic.smk"
+
+
+include: "workflow/rules/report.smk"
 
 
 rule all:

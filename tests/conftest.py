@@ -40,3 +40,28 @@ def random_tiny_model(tiny_tokenizer):
     cfg = TinyBuildConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                           num_key_value_heads=1, head_dim=32, seed=3)
     return build_model(cfg, tiny_tokenizer).eval()
+
+
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile")]
+
+
+def run_snakemake(args, cwd=REPO, env=None, check=True):
+    import subprocess
+
+    proc = subprocess.run(SNAKEMAKE + list(args), cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(map(str, args))} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """Run the tiny configuration end to end in a fresh working directory (shared by the
+    workflow and the Slurm tests)."""
+    import shutil
+
+    workdir = tmp_path_factory.mktemp("tiny")
+    shutil.copytree(REPO / "tiny" / "config", workdir / "config")
+    proc = run_snakemake(["--cores", "2", "--directory", str(workdir)])
+    return workdir, proc

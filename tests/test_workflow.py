@@ -14,10 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_snakemake
 from pwopsd.io import read_parquet_metadata
 
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile")]
 
 
 def job_counts(output: str) -> dict[str, int]:
@@ -25,12 +24,6 @@ def job_counts(output: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
 
 
-def run_snakemake(args, cwd=REPO, env=None, check=True):
-    proc = subprocess.run(SNAKEMAKE + list(args), cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
 def test_paper_dry_run_lists_data_and_generation_jobs():
@@ -83,15 +76,6 @@ def test_paper_generation_jobs_request_the_model_gpus():
     assert re.search(r"rule generate:.*?resources: [^\n]*gpu=4", out, re.S)
     assert "aime2025/seed-main.parquet" in out and "math500/seed-main.parquet" in out  # one job, all benchmarks
     assert re.search(r"rule prepare_benchmark:(?:(?!rule ).)*?resources: (?:(?!gpu).)*$", out, re.S | re.M)
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    """Run the tiny configuration end to end in a fresh working directory."""
-    workdir = tmp_path_factory.mktemp("tiny")
-    shutil.copytree(REPO / "tiny" / "config", workdir / "config")
-    proc = run_snakemake(["--cores", "2", "--directory", str(workdir)])
-    return workdir, proc
 
 
 @pytest.mark.workflow
@@ -217,6 +201,46 @@ def test_tiny_run_branch_viability_diagnostic(tiny_run):
         assert (workdir / f"results/figures/{fig}.pdf").read_bytes()[:5] == b"%PDF-"
     panels = pd.read_csv(workdir / "results/figures/branch_auroc.csv")
     assert set(panels["panel"]) == {"A", "B"} and panels["series"].str.startswith("schedule").any()
+
+
+@pytest.mark.workflow
+def test_tiny_run_records_provenance_and_a_reproduction_report(tiny_run):
+    from pwopsd.io import sha256_file
+
+    workdir, _ = tiny_run
+    prov = json.loads((workdir / "results/tables/main_4b.provenance.json").read_text())
+    assert prov["rule"] == "table" and prov["versions"]["torch"] and prov["params"]["spec"]["kind"] == "main"
+    assert prov["datasets_sha256"]["arith_l2"] == sha256_file(workdir / "results/data/benchmarks/arith_l2.parquet")
+    metrics = "results/metrics/tiny_qwen3/opsd/arith_l1/seed-1.json"
+    assert prov["inputs_sha256"][metrics] == sha256_file(workdir / metrics)
+    assert prov["models"]["tiny_qwen3"]["built_by"] == "tiny"
+    for stem in ("tables/branch_auroc", "figures/branch_auroc", "figures/pwopsd_schedules", "metrics/summary",
+                 "report/reproduction"):
+        assert json.loads((workdir / f"results/{stem}.provenance.json").read_text())["versions"]
+    report = (workdir / "results/report/reproduction.md").read_text()
+    assert "**Tiny mode**" in report and "Reproduced numbers only" in report
+    assert "| tiny_qwen3 | pwopsd_moderate | mean | avg |" in report and "residual_auroc" in report
+
+
+@pytest.mark.workflow
+def test_tiny_html_report_shows_every_table_and_figure(tiny_run):
+    import base64
+
+    workdir, _ = tiny_run
+    run_snakemake(["--directory", str(workdir), "--report", str(workdir / "report.html")])
+    html = (workdir / "report.html").read_text()
+    results = json.loads(re.search(r"var results = (\{.*?\});\n", html, re.S).group(1))
+    expected = [f"results/tables/{t}.{ext}" for t in ("main_4b", "schedules_4b", "cross_model", "ablation_4b", "branch_auroc")
+                for ext in ("tex", "csv")]
+    expected += [f"results/figures/{f}.pdf" for f in ("branch_auroc", "branch_auroc_scatter", "pwopsd_schedules",
+                                                      "training_curves_tiny_qwen3")]
+    expected += ["results/report/reproduction.md", "results/report/reproduction.pdf"]
+    assert set(expected) <= set(results), set(expected) - set(results)
+    for path in expected:
+        entry = results[path]
+        assert len(entry["caption"]) > 50, path
+        payload = base64.b64decode(entry["data_uri"].split("base64,", 1)[1])
+        assert payload == (workdir / path).read_bytes(), path
 
 
 @pytest.mark.workflow

@@ -52,3 +52,46 @@ def provenance(manifest: dict | None = None, **extra) -> dict:
     if manifest is not None:
         out.update(model_path=manifest.get("path"), hf_id=manifest.get("hf_id"), revision=manifest.get("revision"))
     return out
+
+
+def _jsonable(obj):
+    import json
+
+    return json.loads(json.dumps(obj, default=str))
+
+
+def job_provenance(snakemake) -> dict:
+    """Provenance of a job's outputs: rule, wildcards, params (the config values that produced
+    them), package versions, the configured models (Hub id + revision), the SHA-256 of every
+    prepared dataset and of every input file."""
+    from pathlib import Path
+
+    from .io import sha256_file
+
+    cfg = snakemake.config
+    datasets = {}
+    for name in cfg.get("benchmarks", {}):
+        path = Path(f"results/data/benchmarks/{name}.parquet")
+        if path.exists():
+            datasets[name] = sha256_file(path)
+    inputs = {}
+    for path in snakemake.input:
+        p = Path(path)
+        if p.is_file():
+            inputs[str(p)] = sha256_file(p)
+    return _jsonable({
+        "rule": snakemake.rule,
+        "wildcards": dict(snakemake.wildcards.items()),
+        "params": {k: v for k, v in snakemake.params.items()},
+        "versions": versions(),
+        "models": {m: {"hf_id": e.get("hf_id"), "revision": e.get("revision"), "built_by": e.get("built_by")}
+                   for m, e in cfg.get("models", {}).items()},
+        "datasets_sha256": datasets,
+        "inputs_sha256": inputs,
+    })
+
+
+def write_job_provenance(snakemake, path) -> None:
+    from .io import write_json
+
+    write_json(job_provenance(snakemake), path)

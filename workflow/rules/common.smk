@@ -124,6 +124,14 @@ def all_tables_and_figures():
     files += [f"results/figures/training_curves_{m}.pdf" for m in dict.fromkeys(mo for mo, _ in trained_runs())]
     if DIAGNOSTIC_MODEL:
         files += ["results/tables/branch_auroc.tex", "results/figures/branch_auroc.pdf"]
+    return files + ["results/report/reproduction.md"]
+
+
+def reproduction_inputs(wildcards):
+    files = {"summary": "results/metrics/summary.csv",
+             "reference": str(Path(workflow.basedir) / "workflow" / "reference" / "paper_results.csv")}
+    if DIAGNOSTIC_MODEL:
+        files["branch"] = f"results/diagnostic/{DIAGNOSTIC_MODEL}/branch_auroc.json"
     return files
 
 
@@ -133,3 +141,20 @@ def all_data():
     if config.get("train_corpus"):
         files.append("results/data/train_corpus.parquet")
     return files
+
+
+# Branch-viability diagnostic (diagnostic.smk).
+
+
+def diagnostic_benchmarks(wildcards):
+    return [f"results/data/benchmarks/{name}.parquet" for name in config["diagnostic"]["datasets"]]
+
+
+def diagnostic_params(*keys):
+    """Rule params: the named parts of the diagnostic settings of the job's model."""
+
+    def _params(wildcards):
+        settings = cfgmod.diagnostic_settings(config, wildcards.model)
+        return {k: settings[k] for k in keys}
+
+    return _params

@@ -10,18 +10,9 @@
 # HF forwards. Each rule's params hold exactly the settings its phase reads.
 
 
-def diagnostic_benchmarks(wildcards):
-    return [f"results/data/benchmarks/{name}.parquet" for name in config["diagnostic"]["datasets"]]
-
-
-def diagnostic_params(*keys):
-    """Rule params: the named parts of the diagnostic settings of the job's model."""
-
-    def _params(wildcards):
-        settings = cfgmod.diagnostic_settings(config, wildcards.model)
-        return {k: settings[k] for k in keys}
-
-    return _params
+localrules:
+    branch_auroc_table,
+    branch_auroc_figure,
 
 
 rule spines:
@@ -179,8 +170,9 @@ rule branch_auroc_table:
     input:
         summary=f"results/diagnostic/{DIAGNOSTIC_MODEL}/branch_auroc.json",
     output:
-        tex="results/tables/branch_auroc.tex",
-        csv="results/tables/branch_auroc.csv",
+        tex=report("results/tables/branch_auroc.tex", caption="../report/branch_auroc_table.rst", category="Tables", labels={"table": "branch_auroc", "format": "LaTeX"}),
+        csv=report("results/tables/branch_auroc.csv", caption="../report/branch_auroc_table.rst", category="Tables", labels={"table": "branch_auroc", "format": "CSV"}),
+        provenance="results/tables/branch_auroc.provenance.json",
     params:
         model_label=lambda wc: config.get("tables", {}).get("model_labels", {}).get(DIAGNOSTIC_MODEL, DIAGNOSTIC_MODEL),
     log:
@@ -197,10 +189,11 @@ rule branch_auroc_figure:
     input:
         scored=f"results/diagnostic/{DIAGNOSTIC_MODEL}/scored.parquet",
     output:
-        pdf="results/figures/branch_auroc.pdf",
+        pdf=report("results/figures/branch_auroc.pdf", caption="../report/branch_auroc_figure.rst", category="Figures", labels={"figure": "Figure 1 branch viability"}),
         csv="results/figures/branch_auroc.csv",
-        scatter_pdf="results/figures/branch_auroc_scatter.pdf",
+        scatter_pdf=report("results/figures/branch_auroc_scatter.pdf", caption="../report/branch_scatter.rst", category="Figures", labels={"figure": "branch viability scatter"}),
         scatter_csv="results/figures/branch_auroc_scatter.csv",
+        provenance="results/figures/branch_auroc.provenance.json",
     params:
         figure=lambda wc: cfgmod.diagnostic_settings(config, DIAGNOSTIC_MODEL)["figure"],
         correct_spines_only=lambda wc: config["diagnostic"]["scores"]["correct_spines_only"],

@@ -39,6 +39,7 @@ rule aggregate_metrics:
         per_seed="results/metrics/per_seed.csv",
         summary="results/metrics/summary.csv",
         summary_parquet="results/metrics/summary.parquet",
+        provenance="results/metrics/summary.provenance.json",
     params:
         benchmarks=BENCHMARKS,
     log:

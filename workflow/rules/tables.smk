@@ -6,8 +6,9 @@ rule table:
     input:
         metrics=table_metrics,
     output:
-        tex="results/tables/{table}.tex",
-        csv="results/tables/{table}.csv",
+        tex=report("results/tables/{table}.tex", caption="../report/table.rst", category="Tables", labels={"table": "{table}", "format": "LaTeX"}),
+        csv=report("results/tables/{table}.csv", caption="../report/table.rst", category="Tables", labels={"table": "{table}", "format": "CSV"}),
+        provenance="results/tables/{table}.provenance.json",
     params:
         spec=table_spec,
         benchmarks=BENCHMARKS,
@@ -23,8 +24,9 @@ rule table:
 
 rule schedules_figure:
     output:
-        pdf="results/figures/pwopsd_schedules.pdf",
+        pdf=report("results/figures/pwopsd_schedules.pdf", caption="../report/schedules.rst", category="Figures", labels={"figure": "Figure 2 schedules"}),
         csv="results/figures/pwopsd_schedules.csv",
+        provenance="results/figures/pwopsd_schedules.provenance.json",
     params:
         schedules=schedule_params,
     log:

@@ -54,8 +54,9 @@ rule training_curves:
     input:
         logs=training_logs_of_model,
     output:
-        pdf="results/figures/training_curves_{model}.pdf",
+        pdf=report("results/figures/training_curves_{model}.pdf", caption="../report/training_curves.rst", category="Figures", labels={"figure": "training curves {model}"}),
         csv="results/figures/training_curves_{model}.csv",
+        provenance="results/figures/training_curves_{model}.provenance.json",
     params:
         runs=lambda wc: [m for mo, m in trained_runs() if mo == wc.model],
     log:

@@ -4,7 +4,7 @@ import json
 
 from pwopsd.evaluation import aggregate
 from pwopsd.io import atomic_path, write_parquet
-from pwopsd.runtime import setup_logging
+from pwopsd.runtime import setup_logging, write_job_provenance
 from pwopsd.standalone import standalone_snakemake
 
 
@@ -21,6 +21,7 @@ def main(snakemake):
         agg.drop(columns=["values", "seeds"]).to_csv(tmp, index=False, float_format="%.6f")
     write_parquet(agg, snakemake.output.summary_parquet)
     log.info("aggregated %d seed-level results into %d rows", len(summaries), len(agg))
+    write_job_provenance(snakemake, snakemake.output.provenance)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ the PW-OPSD schedule) and the scatter/histogram figure, each with its plotted da
 import pandas as pd
 
 from pwopsd.figures import branch_auroc_figure, branch_scatter_figure
-from pwopsd.runtime import setup_logging
+from pwopsd.runtime import setup_logging, write_job_provenance
 from pwopsd.standalone import standalone_snakemake
 
 
@@ -19,6 +19,7 @@ def main(snakemake):
     branch_scatter_figure(scored, labels=snakemake.params.labels, pdf_path=snakemake.output.scatter_pdf,
                           csv_path=snakemake.output.scatter_csv)
     log.info("Figure 1 from %d candidates (%d plotted bins)", len(scored), len(data))
+    write_job_provenance(snakemake, snakemake.output.provenance)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ import json
 import pandas as pd
 
 from pwopsd.io import atomic_path
-from pwopsd.runtime import setup_logging
+from pwopsd.runtime import setup_logging, write_job_provenance
 from pwopsd.standalone import standalone_snakemake
 from pwopsd.tables import branch_auroc_table
 
@@ -18,6 +18,7 @@ def main(snakemake):
     with atomic_path(snakemake.output.csv) as tmp:
         pd.DataFrame(summary["scores"]).to_csv(tmp, index=False, float_format="%.6f")
     log.info("Table 1: %s", summary["status"])
+    write_job_provenance(snakemake, snakemake.output.provenance)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ import json
 
 from pwopsd.evaluation import aggregate
 from pwopsd.io import atomic_path
-from pwopsd.runtime import setup_logging
+from pwopsd.runtime import setup_logging, write_job_provenance
 from pwopsd.standalone import standalone_snakemake
 from pwopsd.tables import render_table
 
@@ -19,6 +19,7 @@ def main(snakemake):
     with atomic_path(snakemake.output.csv) as tmp:
         summary.drop(columns=["values", "seeds"]).to_csv(tmp, index=False, float_format="%.6f")
     log.info("wrote %s from %d seed-level results", snakemake.output.tex, len(summaries))
+    write_job_provenance(snakemake, snakemake.output.provenance)
 
 
 if __name__ == "__main__":

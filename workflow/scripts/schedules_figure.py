@@ -1,7 +1,7 @@
 """Rule schedules_figure: Figure 2, the PW-OPSD weight schedules (and their data as CSV)."""
 
 from pwopsd.figures import schedules_figure
-from pwopsd.runtime import setup_logging
+from pwopsd.runtime import setup_logging, write_job_provenance
 from pwopsd.standalone import standalone_snakemake
 
 
@@ -9,6 +9,7 @@ def main(snakemake):
     setup_logging(snakemake.log[0])
     schedules = {name: tuple(v) for name, v in snakemake.params.schedules.items()}
     schedules_figure(schedules, snakemake.output.pdf, snakemake.output.csv)
+    write_job_provenance(snakemake, snakemake.output.provenance)
 
 
 if __name__ == "__main__":

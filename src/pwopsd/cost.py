@@ -1,0 +1,180 @@
+"""Cost plan: how many jobs each rule will run and the GPU-hours they are expected to take.
+
+    python -m pwopsd.cost [--directory DIR] [--all] [--assume KEY=VALUE ...] [TARGET ...]
+
+The jobs are Snakemake's own plan (a dry run of the targets, default the whole workflow; with
+``--all`` as if nothing existed yet). Each job's wall time is estimated from its token budget in
+the validated config and the throughput assumptions in :data:`ASSUMPTIONS` (documented in
+docs/cluster.md, overridable with ``--assume``); GPU-hours = GPUs of the job x wall hours. CPU-only
+rules cost no GPU-hours and are listed with their job counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import diagnostic_settings, load_config, training_config
+
+# Throughput and length assumptions (H100 80GB, bf16). Throughputs scale with 1 / model size.
+ASSUMPTIONS = {
+    # vLLM decode throughput per GPU at high concurrency for a 4B model (20k tok/s on 4 GPUs, TP=4).
+    "decode_tok_s_per_gpu_4b": 5000.0,
+    # Single-stream decode speed of a 4B model at TP=4: the longest sample bounds a job from below.
+    "stream_tok_s_4b": 150.0,
+    # HF forward (no grad) throughput per GPU for a 4B model (teacher pass, MC dropout).
+    "forward_tok_s_per_gpu_4b": 40000.0,
+    # Mean generated length as a fraction of the token budget.
+    "eval_length_fraction": 0.25,      # 38,912-token budget; thinking models on MATH-500/AIME/HMMT
+    "spine_length_fraction": 0.5,      # greedy spines within 16K
+    "spine_fallback_share": 0.15,      # problems re-sampled at T=0.7
+    "forced_length_fraction": 0.25,    # forced continuations within the 32K context
+    "teacher_prompt_tokens": 400.0,
+    # Training: per-step overhead beyond rollout decode and forward/backward (vLLM weight sync,
+    # sleep/wake, optimizer, logging), seconds.
+    "train_step_overhead_s": 30.0,
+    "train_prompt_tokens": 600.0,
+    # Model loading / engine start per job, minutes.
+    "startup_min": 5.0,
+}
+
+
+@dataclass
+class Job:
+    rule: str
+    wildcards: dict[str, str]
+    gpus: int
+
+
+def dry_run_jobs(directory: str, targets: list[str], *, forceall: bool) -> list[Job]:
+    """Jobs of ``snakemake -n`` (rule, wildcards, GPUs) for the targets."""
+    repo = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(repo / "Snakefile"), "-n", "--directory", directory, *targets]
+    if forceall:
+        cmd.append("--forceall")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"snakemake dry run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", proc.stdout + "\n" + proc.stderr):
+        m = re.match(r"(?:local)?rule (\w+):", block)
+        if not m:
+            continue
+        wc = re.search(r"^\s+wildcards: (.*)$", block, re.M)
+        res = re.search(r"^\s+resources: (.*)$", block, re.M)
+        gpus = re.search(r"\bgpu=(\d+)", res.group(1)) if res else None
+        jobs.append(Job(m.group(1), dict(kv.split("=", 1) for kv in wc.group(1).split(", ")) if wc else {},
+                        int(gpus.group(1)) if gpus else 0))
+    return jobs
+
+
+def model_size_b(cfg: dict, model: str) -> float:
+    """Parameters in billions: ``size_b`` of the model entry, else read from its Hub id ("…-4B")."""
+    entry = cfg["models"][model]
+    if entry.get("size_b"):
+        return float(entry["size_b"])
+    m = re.search(r"(\d+(?:\.\d+)?)[Bb]\b", entry.get("hf_id", ""))
+    if not m:
+        raise SystemExit(f"models.{model}: set size_b (parameters in billions) for the cost plan")
+    return float(m.group(1))
+
+
+def _decode_hours(tokens: float, longest: float, size: float, gpus: int, a: dict) -> float:
+    rate = a["decode_tok_s_per_gpu_4b"] * 4.0 / size * max(1, gpus)
+    tail = longest / (a["stream_tok_s_4b"] * 4.0 / size)
+    return max(tokens / rate, tail) / 3600.0
+
+
+def job_hours(job: Job, cfg: dict, a: dict = ASSUMPTIONS) -> float:
+    """Estimated wall hours of one GPU job (0 for CPU jobs)."""
+    if job.gpus == 0:
+        return 0.0
+    model = job.wildcards.get("model")
+    size = model_size_b(cfg, model)
+    start = a["startup_min"] / 60.0
+    if job.rule == "generate":
+        ev = cfg["evaluation"]
+        problems = sum(b.get("expected_rows") or 0 for b in cfg["benchmarks"].values())
+        tokens = problems * ev["n"] * ev["max_new_tokens"] * a["eval_length_fraction"]
+        return start + _decode_hours(tokens, ev["max_new_tokens"], size, job.gpus, a)
+    if job.rule == "train":
+        tr = training_config(cfg, model, job.wildcards["method"])
+        batch = cfg["training"]["effective_batch"]
+        rollout_tokens = batch * tr["max_completion_length"]
+        decode = _decode_hours(rollout_tokens, tr["max_completion_length"], size, job.gpus, a) * 3600.0
+        seq = batch * (a["train_prompt_tokens"] + tr["max_completion_length"])
+        # student forward + backward (3x) and the teacher forward (1x, longer privileged prompt ~2x)
+        fwd = 6.0 * seq / (a["forward_tok_s_per_gpu_4b"] * 4.0 / size * job.gpus)
+        return start + tr["max_steps"] * (decode + fwd + a["train_step_overhead_s"]) / 3600.0
+    d = diagnostic_settings(cfg, model) if "diagnostic" in cfg else None
+    if d is None:
+        return start
+    problems = sum(d["datasets"].values())
+    spine = d["spine"]["max_new_tokens"] * a["spine_length_fraction"]
+    if job.rule == "spines":
+        passes = 1 + a["spine_fallback_share"]
+        return start + passes * _decode_hours(problems * spine, d["spine"]["max_new_tokens"], size, job.gpus, a)
+    forward_rate = a["forward_tok_s_per_gpu_4b"] * 4.0 / size * job.gpus
+    if job.rule == "teacher_pass":
+        return start + problems * (spine + a["teacher_prompt_tokens"]) / forward_rate / 3600.0
+    if job.rule == "mc_dropout":
+        return start + d["mc_dropout"]["samples"] * problems * (spine + a["teacher_prompt_tokens"]) / forward_rate / 3600.0
+    if job.rule == "forced_continuation":
+        fc = d["forced_continuation"]
+        rollouts = problems * d["candidates"]["max_per_problem"] * d["candidates"]["children"] * fc["n"]
+        tokens = rollouts * fc["max_model_len"] * a["forced_length_fraction"]
+        return start + _decode_hours(tokens, fc["max_model_len"] - spine, size, job.gpus, a)
+    return start
+
+
+def plan(jobs: list[Job], cfg: dict, a: dict = ASSUMPTIONS) -> list[dict]:
+    rows: dict[str, dict] = {}
+    for job in jobs:
+        h = job_hours(job, cfg, a)
+        row = rows.setdefault(job.rule, {"rule": job.rule, "jobs": 0, "gpus": set(), "hours": 0.0, "gpu_hours": 0.0})
+        row["jobs"] += 1
+        row["gpus"].add(job.gpus)
+        row["hours"] += h
+        row["gpu_hours"] += h * job.gpus
+    return sorted(rows.values(), key=lambda r: (-r["gpu_hours"], r["rule"]))
+
+
+def render(rows: list[dict], a: dict) -> str:
+    lines = [f"{'rule':<22}{'jobs':>6}{'GPUs/job':>10}{'h/job':>8}{'GPU-hours':>11}"]
+    for r in rows:
+        gpus = "/".join(str(g) for g in sorted(r["gpus"]))
+        per_job = r["hours"] / r["jobs"] if r["jobs"] else 0.0
+        lines.append(f"{r['rule']:<22}{r['jobs']:>6}{gpus:>10}{per_job:>8.2f}{r['gpu_hours']:>11.1f}")
+    total_jobs = sum(r["jobs"] for r in rows)
+    total = sum(r["gpu_hours"] for r in rows)
+    lines.append(f"{'total':<22}{total_jobs:>6}{'':>10}{'':>8}{total:>11.1f}")
+    lines.append(f"= {total / 24:.1f} GPU-days, {total / 4:.0f} hours of 4xH100 nodes")
+    lines.append("assumptions (docs/cluster.md; override with --assume KEY=VALUE): "
+                 + ", ".join(f"{k}={v:g}" for k, v in a.items()))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m pwopsd.cost", description=__doc__.split("\n\n")[0])
+    ap.add_argument("targets", nargs="*", help="Snakemake targets (default: the whole workflow)")
+    ap.add_argument("--directory", default=".", help="working directory holding config/config.yaml (default .)")
+    ap.add_argument("--all", action="store_true", help="count every job, also those whose outputs exist")
+    ap.add_argument("--assume", action="append", default=[], metavar="KEY=VALUE", help="override an assumption")
+    args = ap.parse_args(argv)
+    a = dict(ASSUMPTIONS)
+    for item in args.assume:
+        key, _, value = item.partition("=")
+        if key not in a:
+            ap.error(f"unknown assumption {key!r} (known: {', '.join(a)})")
+        a[key] = float(value)
+    cfg = load_config(Path(args.directory) / "config" / "config.yaml")
+    jobs = dry_run_jobs(args.directory, args.targets, forceall=args.all)
+    print(render(plan(jobs, cfg, a), a))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Cost plan: per-job estimates from the token budgets against hand computations, and the plan
+for the paper configuration counts Snakemake's own jobs."""
+
+import pytest
+
+from conftest import REPO
+from pwopsd import cost
+from pwopsd.config import load_config
+
+
+@pytest.fixture(scope="module")
+def paper():
+    return load_config(REPO / "config" / "config.yaml")
+
+
+def test_generation_job_hours_by_hand(paper):
+    a = cost.ASSUMPTIONS
+    job = cost.Job("generate", {"model": "dsr1_llama_8b", "checkpoint": "base", "seed": "1"}, 4)
+    tokens = (500 + 30 + 30 + 30) * 12 * 38912 * a["eval_length_fraction"]
+    rate = a["decode_tok_s_per_gpu_4b"] * 4 / 8 * 4  # 8B model on 4 GPUs
+    expected = a["startup_min"] / 60 + tokens / rate / 3600
+    assert cost.job_hours(job, paper) == pytest.approx(expected)
+    # The longest sample bounds a job from below: a tiny token budget is tail-dominated.
+    few = {**paper, "benchmarks": {"aime2024": paper["benchmarks"]["aime2024"]},
+           "evaluation": {**paper["evaluation"], "n": 1}}
+    tail = 38912 / (a["stream_tok_s_4b"] * 4 / 8)
+    assert cost.job_hours(job, few) == pytest.approx(a["startup_min"] / 60 + tail / 3600)
+
+
+def test_model_size_from_entry_or_hub_id(paper):
+    assert [cost.model_size_b(paper, m) for m in paper["models"]] == [4.0, 8.0, 7.0]
+    cfg = {"models": {"x": {"hf_id": "org/model"}}}
+    with pytest.raises(SystemExit, match="models.x: set size_b"):
+        cost.model_size_b(cfg, "x")
+    assert cost.model_size_b({"models": {"x": {"hf_id": "org/model", "size_b": 1.5}}}, "x") == 1.5
+
+
+def test_cpu_jobs_cost_no_gpu_hours(paper):
+    rows = cost.plan([cost.Job("grade", {"model": "qwen3_4b"}, 0), cost.Job("table", {}, 0)], paper)
+    assert all(r["gpu_hours"] == 0 for r in rows) and sum(r["jobs"] for r in rows) == 2
+
+
+def test_paper_plan_counts_the_dry_run_jobs(paper, capsys):
+    jobs = cost.dry_run_jobs(str(REPO), ["results/tables/main_4b.tex"], forceall=True)
+    rows = {r["rule"]: r for r in cost.plan(jobs, paper)}
+    assert rows["generate"]["jobs"] == 15 and rows["train"]["jobs"] == 5 and rows["grade"]["gpu_hours"] == 0
+    per_train = cost.job_hours(cost.Job("train", {"model": "qwen3_4b", "method": "opsd"}, 4), paper)
+    assert rows["train"]["gpu_hours"] == pytest.approx(5 * 4 * per_train)
+    cost.main(["--directory", str(REPO), "--all", "--assume", "eval_length_fraction=0.5", "results/tables/main_4b.tex"])
+    out = capsys.readouterr().out
+    assert "eval_length_fraction=0.5" in out and out.splitlines()[1].startswith("generate")

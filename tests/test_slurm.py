@@ -1,0 +1,161 @@
+"""The Slurm profile, tested without a cluster.
+
+* `--profile slurm` resolves from the repository root and dry-runs every paper target, GPU rules
+  asking for `gpu_model=h100` with the model entry's GPU count, CPU rules for none;
+* every rule named in the profile exists (Snakemake ignores unknown names silently);
+* the tiny workflow's diagnostic runs through the real Slurm executor plugin with fake
+  `sbatch`/`sacct`/`srun`/... shims (tests/fakeslurm/bin) on PATH; the recorded sbatch calls
+  carry `--gpus=h100:N` on GPU rules only, `--cpus-per-task`, the account and partition, and a
+  job that fails is resubmitted with larger runtime and memory;
+* `snakemake --lint` passes.
+"""
+
+import os
+import re
+import shlex
+import shutil
+
+import pytest
+import yaml
+
+from conftest import REPO, run_snakemake
+
+PROFILE = REPO / "profiles" / "slurm" / "profile.yaml"
+FAKE_BIN = REPO / "tests" / "fakeslurm" / "bin"
+PAPER_TARGETS = ["results/tables/main_4b.tex", "results/tables/schedules_4b.tex", "results/tables/cross_model.tex",
+                 "results/tables/ablation_4b.tex", "results/tables/branch_auroc.tex", "results/figures/branch_auroc.pdf",
+                 "results/figures/pwopsd_schedules.pdf", "all"]
+GPU_RULES = {"generate", "train", "spines", "teacher_pass", "mc_dropout", "forced_continuation"}
+
+
+def profile():
+    return yaml.safe_load(PROFILE.read_text())
+
+
+def jobs_with_resources(output: str) -> list[tuple[str, dict[str, str]]]:
+    """(rule, resources) of every job in a dry-run listing."""
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", output):
+        m = re.match(r"(?:local)?rule (\w+):", block)
+        r = re.search(r"^\s+resources: (.*)$", block, re.M)
+        if m and r:
+            jobs.append((m.group(1), dict(kv.split("=", 1) for kv in r.group(1).split(", "))))
+    return jobs
+
+
+def test_profile_resolves_from_the_repo_root_and_dry_runs_every_paper_target():
+    assert (REPO / "slurm").resolve() == PROFILE.parent.resolve()
+    proc = run_snakemake(["-n", "--profile", "slurm", *PAPER_TARGETS])
+    out = proc.stdout + proc.stderr
+    assert "Using profiles slurm" in out
+    jobs = jobs_with_resources(out)
+    rules = {rule for rule, _ in jobs}
+    assert GPU_RULES <= rules and {"grade", "merge_adapter", "viability_labels", "candidates"} <= rules
+    for rule, res in jobs:
+        assert res["slurm_account"] == "CHANGE_ME_ACCOUNT" and res["slurm_partition"] == "CHANGE_ME_PARTITION"
+        if rule in GPU_RULES:
+            expected = {"spines": 4, "forced_continuation": 4, "teacher_pass": 1, "mc_dropout": 1}.get(rule, 4)
+            assert res.get("gpu") == str(expected) and res.get("gpu_model") == "h100", (rule, res)
+            assert int(res["cpus_per_task"]) >= 8 and int(res["mem_mb"]) >= 128000
+        else:
+            assert "gpu_model" not in res and res.get("gpu", "0") == "0", (rule, res)
+    runtimes = {rule: int(res["runtime"]) for rule, res in jobs}
+    assert runtimes["train"] >= 600 and runtimes["generate"] >= 240 and runtimes["merge_adapter"] <= 120
+
+
+def test_profile_names_only_existing_rules():
+    names = set()
+    for config in (REPO, REPO / "tiny"):
+        proc = run_snakemake(["--list-rules", "--directory", str(config)])
+        names |= set(proc.stdout.split())
+    prof = profile()
+    assert set(prof["set-resources"]) <= names, set(prof["set-resources"]) - names
+    assert set(prof["set-threads"]) <= names, set(prof["set-threads"]) - names
+    assert "gpu_model" not in prof["default-resources"]  # would make every CPU job request a GPU
+    assert prof["executor"] == "slurm" and prof["rerun-incomplete"] and prof["retries"] >= 1
+
+
+def test_lint_passes():
+    proc = run_snakemake(["--lint"], check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def fake_slurm_run(tiny_run, tmp_path_factory):
+    """The tiny diagnostic (Phases A-G + Table 1) through the real Slurm executor on fake Slurm.
+
+    The working directory starts from the finished tiny run without the diagnostic's outputs;
+    the tiny model entry asks for GPUs (2 for generation, 1 for forwards: the HF backend still
+    runs on the CPU), as a paper model would; the user's one-file edit of the profile (account,
+    partition) is applied to a copy. The first submission of `candidates` fails, as a job killed
+    for its limits would.
+    """
+    source, _ = tiny_run
+    work = tmp_path_factory.mktemp("slurm_work")
+    shutil.copytree(source / "results" / "data", work / "results" / "data")
+    shutil.copytree(source / "results" / "models", work / "results" / "models")
+    config = yaml.safe_load((REPO / "tiny" / "config" / "config.yaml").read_text())
+    config["models"]["tiny_qwen3"]["gpus"] = {"generate": 2, "train": 0, "forward": 1}
+    config["models"]["tiny_qwen3"]["vllm"] = {"tensor_parallel_size": 2}
+    config["diagnostic"]["scores"] = {"n_boot": 200}
+    (work / "config").mkdir()
+    (work / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    prof_dir = tmp_path_factory.mktemp("profile") / "slurm"
+    prof_dir.mkdir()
+    text = PROFILE.read_text().replace("CHANGE_ME_ACCOUNT", "myacct").replace("CHANGE_ME_PARTITION", "gpu")
+    (prof_dir / "profile.yaml").write_text(text)
+    state = tmp_path_factory.mktemp("fake_slurm_state")
+    env = {"PATH": f"{FAKE_BIN}{os.pathsep}{os.environ['PATH']}", "FAKE_SLURM_STATE": str(state),
+           "FAKE_SLURM_FAIL_ONCE": "candidates"}
+    proc = run_snakemake(["--profile", str(prof_dir), "--directory", str(work), "results/tables/branch_auroc.tex",
+                          "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "2"],
+                         env=env, check=False)
+    calls = [shlex.split(line) for line in (state / "sbatch_calls.log").read_text().splitlines()] \
+        if (state / "sbatch_calls.log").exists() else []
+    return work, state, proc, calls
+
+
+def sbatch_by_rule(calls):
+    out = {}
+    for args in calls:
+        comment = args[args.index("--comment") + 1]
+        out.setdefault(comment.removeprefix("rule_").split("_wildcards_")[0], []).append(" ".join(args))
+    return out
+
+
+@pytest.mark.workflow
+def test_tiny_diagnostic_runs_through_the_slurm_executor(fake_slurm_run):
+    work, state, proc, calls = fake_slurm_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert (work / "results/tables/branch_auroc.tex").read_text().startswith("\\begin{table}")
+    by_rule = sbatch_by_rule(calls)
+    assert set(by_rule) == {"spines", "teacher_pass", "candidates", "mc_dropout", "forced_continuation",
+                            "viability_labels", "branch_scores"}  # the table is a localrule
+    assert not (state / "srun_calls.log").read_text().count("--gpus=h100")  # inner srun gets a plain count
+
+
+@pytest.mark.workflow
+def test_sbatch_flags_gpus_only_on_gpu_rules(fake_slurm_run):
+    _, state, _, calls = fake_slurm_run
+    by_rule = sbatch_by_rule(calls)
+    expected_gpus = {"spines": 2, "forced_continuation": 2, "teacher_pass": 1, "mc_dropout": 1}
+    for rule, lines in by_rule.items():
+        for line in lines:
+            assert "-A myacct" in line and "-p gpu" in line, line
+            assert re.search(r"--cpus-per-task=\d+", line), line
+            gpus = re.findall(r"--gpus=(\S+)", line)
+            if rule in expected_gpus:
+                assert gpus == [f"h100:{expected_gpus[rule]}"], line
+            else:
+                assert gpus == [], line
+    assert "--cpus-per-task=32" in by_rule["spines"][0] and "--cpus-per-task=8" in by_rule["viability_labels"][0]
+    srun = (state / "srun_calls.log").read_text()
+    assert "--gpus=2" in srun and "--gpus=1" in srun
+
+
+@pytest.mark.workflow
+def test_failed_job_is_resubmitted_with_larger_limits(fake_slurm_run):
+    _, _, proc, calls = fake_slurm_run
+    first, second = sbatch_by_rule(calls)["candidates"]
+    assert "-t 30" in first and "--mem 32000" in first
+    assert "-t 60" in second and "--mem 64000" in second

@@ -1,0 +1,33 @@
+"""Rule reproduction_report: paper numbers beside reproduced ones (markdown, CSV, figure)."""
+
+import json
+
+import pandas as pd
+
+from pwopsd.io import atomic_path
+from pwopsd.reproduction import compare, comparison_figure, load_reference, render_markdown, reproduced_values
+from pwopsd.runtime import setup_logging, write_job_provenance
+from pwopsd.standalone import standalone_snakemake
+
+
+def main(snakemake):
+    log = setup_logging(snakemake.log[0])
+    branch = json.loads(open(snakemake.input.branch).read()) if "branch" in snakemake.input.keys() else None
+    reproduced = reproduced_values(pd.read_csv(snakemake.input.summary), branch,
+                                   diagnostic_model=snakemake.params.diagnostic_model)
+    comparison = compare(load_reference(snakemake.input.reference), reproduced)
+    note = ("**Tiny mode**: the models and benchmarks are the toy ones built by the workflow; the numbers below are "
+            "the reproduced side only and are not comparable to the paper's." if snakemake.params.tiny else
+            "Paper configuration: published numbers from `workflow/reference/paper_results.csv` (source table in "
+            "the first column) beside this run's.")
+    with atomic_path(snakemake.output.markdown) as tmp:
+        tmp.write_text(render_markdown(comparison, reproduced, title_note=note))
+    with atomic_path(snakemake.output.csv) as tmp:
+        comparison.to_csv(tmp, index=False, float_format="%.6f")
+    comparison_figure(comparison, reproduced, snakemake.output.pdf, snakemake.output.figure_csv)
+    write_job_provenance(snakemake, snakemake.output.provenance)
+    log.info("%d reference numbers, %d reproduced", len(comparison), int(comparison["reproduced"].notna().sum()))
+
+
+if __name__ == "__main__":
+    main(snakemake if "snakemake" in globals() else standalone_snakemake("reproduction_report"))  # noqa: F821
