@@ -3,7 +3,7 @@
 * `--profile slurm` resolves from the repository root and dry-runs every paper target, GPU rules
   asking for `gpu_model=h100` with the model entry's GPU count, CPU rules for none;
 * every rule named in the profile exists (Snakemake ignores unknown names silently);
-* the tiny workflow's diagnostic runs through the real Slurm executor plugin with fake
+* the tiny workflow's diagnostic Phases A-E run through the real Slurm executor plugin with fake
   `sbatch`/`sacct`/`srun`/... shims (tests/fakeslurm/bin) on PATH; the recorded sbatch calls
   carry `--gpus=h100:N` on GPU rules only, `--cpus-per-task`, the account and partition, and a
   job that fails is resubmitted with larger runtime and memory;
@@ -15,6 +15,7 @@ import re
 import shlex
 import shutil
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -82,13 +83,13 @@ def test_lint_passes():
 
 @pytest.fixture(scope="module")
 def fake_slurm_run(tiny_run, tmp_path_factory):
-    """The tiny diagnostic (Phases A-G + Table 1) through the real Slurm executor on fake Slurm.
+    """The tiny diagnostic's GPU and CPU phases (A-E) through the real Slurm executor on fake Slurm.
 
     The working directory starts from the finished tiny run without the diagnostic's outputs;
     the tiny model entry asks for GPUs (2 for generation, 1 for forwards: the HF backend still
     runs on the CPU), as a paper model would; the user's one-file edit of the profile (account,
-    partition) is applied to a copy. The first submission of `candidates` fails, as a job killed
-    for its limits would.
+    partition) is applied to a copy, whose thread counts are set to 1 for this 2-core machine.
+    The first submission of `candidates` fails, as a job killed for its limits would.
     """
     source, _ = tiny_run
     work = tmp_path_factory.mktemp("slurm_work")
@@ -97,17 +98,21 @@ def fake_slurm_run(tiny_run, tmp_path_factory):
     config = yaml.safe_load((REPO / "tiny" / "config" / "config.yaml").read_text())
     config["models"]["tiny_qwen3"]["gpus"] = {"generate": 2, "train": 0, "forward": 1}
     config["models"]["tiny_qwen3"]["vllm"] = {"tensor_parallel_size": 2}
-    config["diagnostic"]["scores"] = {"n_boot": 200}
     (work / "config").mkdir()
     (work / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     prof_dir = tmp_path_factory.mktemp("profile") / "slurm"
     prof_dir.mkdir()
     text = PROFILE.read_text().replace("CHANGE_ME_ACCOUNT", "myacct").replace("CHANGE_ME_PARTITION", "gpu")
-    (prof_dir / "profile.yaml").write_text(text)
+    # This machine has 2 cores, not a node's 32: one thread per job, or two concurrent jobs
+    # oversubscribe the cores many times over (the sbatch flags come from set-resources).
+    prof = yaml.safe_load(text)
+    prof["set-threads"] = {rule: 1 for rule in prof["set-threads"]}
+    (prof_dir / "profile.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
     state = tmp_path_factory.mktemp("fake_slurm_state")
     env = {"PATH": f"{FAKE_BIN}{os.pathsep}{os.environ['PATH']}", "FAKE_SLURM_STATE": str(state),
            "FAKE_SLURM_FAIL_ONCE": "candidates"}
-    proc = run_snakemake(["--profile", str(prof_dir), "--directory", str(work), "results/tables/branch_auroc.tex",
+    targets = [f"results/diagnostic/tiny_qwen3/{name}.parquet" for name in ("mc_dropout", "forced_continuations")]
+    proc = run_snakemake(["--profile", str(prof_dir), "--directory", str(work), *targets,
                           "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "2"],
                          env=env, check=False)
     calls = [shlex.split(line) for line in (state / "sbatch_calls.log").read_text().splitlines()] \
@@ -127,10 +132,10 @@ def sbatch_by_rule(calls):
 def test_tiny_diagnostic_runs_through_the_slurm_executor(fake_slurm_run):
     work, state, proc, calls = fake_slurm_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert (work / "results/tables/branch_auroc.tex").read_text().startswith("\\begin{table}")
-    by_rule = sbatch_by_rule(calls)
-    assert set(by_rule) == {"spines", "teacher_pass", "candidates", "mc_dropout", "forced_continuation",
-                            "viability_labels", "branch_scores"}  # the table is a localrule
+    mc = pd.read_parquet(work / "results/diagnostic/tiny_qwen3/mc_dropout.parquet")
+    cont = pd.read_parquet(work / "results/diagnostic/tiny_qwen3/forced_continuations.parquet")
+    assert len(mc) > 0 and len(cont) == 18 * len(mc)
+    assert set(sbatch_by_rule(calls)) == {"spines", "teacher_pass", "candidates", "mc_dropout", "forced_continuation"}
     assert not (state / "srun_calls.log").read_text().count("--gpus=h100")  # inner srun gets a plain count
 
 
@@ -148,7 +153,8 @@ def test_sbatch_flags_gpus_only_on_gpu_rules(fake_slurm_run):
                 assert gpus == [f"h100:{expected_gpus[rule]}"], line
             else:
                 assert gpus == [], line
-    assert "--cpus-per-task=32" in by_rule["spines"][0] and "--cpus-per-task=8" in by_rule["viability_labels"][0]
+    assert "--cpus-per-task=32" in by_rule["spines"][0] and "--cpus-per-task=8" in by_rule["mc_dropout"][0]
+    assert "--cpus-per-task=2" in by_rule["candidates"][0]
     srun = (state / "srun_calls.log").read_text()
     assert "--gpus=2" in srun and "--gpus=1" in srun
 
