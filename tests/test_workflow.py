@@ -3,12 +3,10 @@ tiny configuration runs end to end (model build with its teacher-gap check, data
 with a rerun doing no work."""
 
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -16,7 +14,6 @@ import pytest
 
 from conftest import REPO, run_snakemake
 from pwopsd.io import read_parquet_metadata
-
 
 
 def job_counts(output: str) -> dict[str, int]:
