@@ -83,14 +83,13 @@ def sample_problems(benchmarks: dict[str, pd.DataFrame], counts: dict[str, int],
 def student_prompt_ids(tokenizer, problem: str, *, kind: str, chat_template: dict) -> list[int]:
     """The diagnostic's student template: ``eval`` (the deployment prompt, thinking on) or
     ``student`` (the OPSD training student prompt, thinking off + think-closure)."""
+    specials = bool(chat_template.get("add_special_tokens", True))
     if kind == "eval":
-        text = prompts.render(tokenizer, prompts.eval_message(problem), prompts.EVAL)
-    elif kind == "student":
-        text = prompts.render(tokenizer, prompts.student_message(problem), prompts.STUDENT,
-                              think_closure=bool(chat_template.get("think_closure", True)))
-    else:
-        raise DiagnosticError(f"diagnostic.student_prompt: unknown template {kind!r} (eval or student)")
-    return prompts.encode(tokenizer, text, add_special_tokens=bool(chat_template.get("add_special_tokens", True)))
+        return prompts.prompt_ids(tokenizer, prompts.eval_message(problem), prompts.EVAL, add_special_tokens=specials)
+    if kind == "student":
+        return prompts.prompt_ids(tokenizer, prompts.student_message(problem), prompts.STUDENT, add_special_tokens=specials,
+                                  think_closure=bool(chat_template.get("think_closure", True)))
+    raise DiagnosticError(f"diagnostic.student_prompt: unknown template {kind!r} (eval or student)")
 
 
 def teacher_prompt_ids(tokenizer, row, *, kind: str, chat_template: dict) -> list[int]:
@@ -102,8 +101,8 @@ def teacher_prompt_ids(tokenizer, row, *, kind: str, chat_template: dict) -> lis
         message = prompts.teacher_message(row["problem"], row["solution"])
     else:
         raise DiagnosticError(f"diagnostic.teacher_prompt: unknown template {kind!r} (privileged_answer or training)")
-    text = prompts.render(tokenizer, message, prompts.TEACHER)
-    return prompts.encode(tokenizer, text, add_special_tokens=bool(chat_template.get("add_special_tokens", True)))
+    return prompts.prompt_ids(tokenizer, message, prompts.TEACHER,
+                              add_special_tokens=bool(chat_template.get("add_special_tokens", True)))
 
 
 class TokenFilter:

@@ -118,3 +118,11 @@ def encode(tokenizer, rendered: str, *, add_special_tokens: bool) -> list[int]:
     """Token ids of a rendered prompt (``add_special_tokens`` per model entry; the reference
     implementation tokenizes with the default ``True``, which doubles the BOS on Llama)."""
     return list(tokenizer(rendered, add_special_tokens=add_special_tokens)["input_ids"])
+
+
+def prompt_ids(tokenizer, user_message: str, style: PromptStyle, *, think_closure: bool = True,
+               add_special_tokens: bool = True) -> list[int]:
+    """Token ids of one rendered user turn (:func:`render` then :func:`encode`); ``think_closure``
+    and ``add_special_tokens`` are the model entry's ``chat_template`` switches."""
+    return encode(tokenizer, render(tokenizer, user_message, style, think_closure=think_closure),
+                  add_special_tokens=add_special_tokens)

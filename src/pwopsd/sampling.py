@@ -74,7 +74,7 @@ def eval_prompt_ids(tokenizer, problems: Sequence[str], *, enable_thinking: bool
     """Token ids of the evaluation prompt for each problem (reference: no think-closure)."""
     style = prompts.PromptStyle("eval", enable_thinking=enable_thinking, think_closure=False)
     return [
-        prompts.encode(tokenizer, prompts.render(tokenizer, prompts.eval_message(p), style), add_special_tokens=add_special_tokens)
+        prompts.prompt_ids(tokenizer, prompts.eval_message(p), style, add_special_tokens=add_special_tokens)
         for p in problems
     ]
 

@@ -206,12 +206,11 @@ class Trainer:
         self.rank, self.world = dist_info()
         world_batch = cfg.rank_batch * self.world
         self.order = data_order(len(examples), cfg.seed, epochs=1 + cfg.max_steps * world_batch // max(1, len(examples)))
-        student_style = prompts.STUDENT
-        self.student_ids = [prompts.encode(tokenizer, prompts.render(tokenizer, prompts.student_message(e.problem), student_style,
-                                                                      think_closure=think_closure), add_special_tokens=add_special_tokens)
+        self.student_ids = [prompts.prompt_ids(tokenizer, prompts.student_message(e.problem), prompts.STUDENT,
+                                               think_closure=think_closure, add_special_tokens=add_special_tokens)
                             for e in examples]
-        self.teacher_ids = [prompts.encode(tokenizer, prompts.render(tokenizer, prompts.teacher_message(e.problem, e.solution),
-                                                                      prompts.TEACHER), add_special_tokens=add_special_tokens)
+        self.teacher_ids = [prompts.prompt_ids(tokenizer, prompts.teacher_message(e.problem, e.solution), prompts.TEACHER,
+                                               add_special_tokens=add_special_tokens)
                             for e in examples]
         self.device = next(self.model.parameters()).device
 
