@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from conftest import REPO, run_snakemake
+from pwopsd.cost import parse_dry_run
 
 PROFILE = REPO / "profiles" / "slurm" / "profile.yaml"
 FAKE_BIN = REPO / "tests" / "fakeslurm" / "bin"
@@ -33,23 +34,12 @@ def profile():
     return yaml.safe_load(PROFILE.read_text())
 
 
-def jobs_with_resources(output: str) -> list[tuple[str, dict[str, str]]]:
-    """(rule, resources) of every job in a dry-run listing."""
-    jobs = []
-    for block in re.split(r"\n(?=(?:local)?rule \w+:)", output):
-        m = re.match(r"(?:local)?rule (\w+):", block)
-        r = re.search(r"^\s+resources: (.*)$", block, re.M)
-        if m and r:
-            jobs.append((m.group(1), dict(kv.split("=", 1) for kv in r.group(1).split(", "))))
-    return jobs
-
-
 def test_profile_resolves_from_the_repo_root_and_dry_runs_every_paper_target():
     assert (REPO / "slurm").resolve() == PROFILE.parent.resolve()
     proc = run_snakemake(["-n", "--profile", "slurm", *PAPER_TARGETS])
     out = proc.stdout + proc.stderr
     assert "Using profiles slurm" in out
-    jobs = jobs_with_resources(out)
+    jobs = [(job.rule, job.resources) for job in parse_dry_run(out)]
     rules = {rule for rule, _ in jobs}
     assert GPU_RULES <= rules and {"grade", "merge_adapter", "viability_labels", "candidates"} <= rules
     for rule, res in jobs:

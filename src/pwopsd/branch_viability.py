@@ -181,7 +181,7 @@ def run_spines(backend, tokenizer, problems: pd.DataFrame, settings: dict, *, gr
     problems whose greedy spine has no ``\\boxed{...}``; the spine's answer is graded with
     ``grade(predictions, golds) -> list[bool]``. Resumable through ``partial_root`` (a function
     of a fingerprint key returning a folder, :func:`pwopsd.sampling.partial_dir`)."""
-    from .sampling import generate_resumable
+    from .sampling import PromptTooLongError, SamplingConfig, generate_resumable
 
     sp = settings["spine"]
     chat_template = settings["chat_template"]
@@ -189,11 +189,13 @@ def run_spines(backend, tokenizer, problems: pd.DataFrame, settings: dict, *, gr
                   for p in problems["problem"]]
 
     def request(ids, temperature, seed):
-        room = int(sp["max_model_len"]) - len(ids)
-        if room < 1:
-            raise DiagnosticError(f"a student prompt of {len(ids)} tokens does not fit diagnostic.spine.max_model_len")
-        return GenerationRequest(tuple(ids), n=1, seed=seed, temperature=temperature, top_p=1.0 if temperature == 0
-                                 else float(sp["fallback_top_p"]), top_k=0, max_new_tokens=min(int(sp["max_new_tokens"]), room))
+        sampling = SamplingConfig(n=1, temperature=temperature, top_p=1.0 if temperature == 0 else float(sp["fallback_top_p"]),
+                                  top_k=0, max_new_tokens=int(sp["max_new_tokens"]), max_model_len=int(sp["max_model_len"]),
+                                  seed=seed)
+        try:
+            return sampling.request(ids)
+        except PromptTooLongError as exc:
+            raise DiagnosticError(f"diagnostic.spine.max_model_len: a student {exc}") from None
 
     keys = problems[PROBLEM_KEY].to_dict("records")
     greedy_reqs = [request(ids, 0.0, None) for ids in prompt_ids]

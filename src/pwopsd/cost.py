@@ -15,7 +15,7 @@ import argparse
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import diagnostic_settings, load_config, training_config
@@ -48,10 +48,26 @@ class Job:
     rule: str
     wildcards: dict[str, str]
     gpus: int
+    resources: dict[str, str] = field(default_factory=dict)
+
+
+def parse_dry_run(output: str) -> list[Job]:
+    """The jobs of a ``snakemake -n`` listing: rule, wildcards, resources (as printed) and GPUs."""
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", output):
+        m = re.match(r"(?:local)?rule (\w+):", block)
+        if not m:
+            continue
+        wc = re.search(r"^\s+wildcards: (.*)$", block, re.M)
+        res = re.search(r"^\s+resources: (.*)$", block, re.M)
+        resources = dict(kv.split("=", 1) for kv in res.group(1).split(", ")) if res else {}
+        jobs.append(Job(m.group(1), dict(kv.split("=", 1) for kv in wc.group(1).split(", ")) if wc else {},
+                        int(resources.get("gpu", 0)), resources))
+    return jobs
 
 
 def dry_run_jobs(directory: str, targets: list[str], *, forceall: bool) -> list[Job]:
-    """Jobs of ``snakemake -n`` (rule, wildcards, GPUs) for the targets."""
+    """Jobs of ``snakemake -n`` for the targets."""
     repo = Path(__file__).resolve().parents[2]
     cmd = [sys.executable, "-m", "snakemake", "-s", str(repo / "Snakefile"), "-n", "--directory", directory, *targets]
     if forceall:
@@ -59,17 +75,7 @@ def dry_run_jobs(directory: str, targets: list[str], *, forceall: bool) -> list[
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"snakemake dry run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    jobs = []
-    for block in re.split(r"\n(?=(?:local)?rule \w+:)", proc.stdout + "\n" + proc.stderr):
-        m = re.match(r"(?:local)?rule (\w+):", block)
-        if not m:
-            continue
-        wc = re.search(r"^\s+wildcards: (.*)$", block, re.M)
-        res = re.search(r"^\s+resources: (.*)$", block, re.M)
-        gpus = re.search(r"\bgpu=(\d+)", res.group(1)) if res else None
-        jobs.append(Job(m.group(1), dict(kv.split("=", 1) for kv in wc.group(1).split(", ")) if wc else {},
-                        int(gpus.group(1)) if gpus else 0))
-    return jobs
+    return parse_dry_run(proc.stdout + "\n" + proc.stderr)
 
 
 def model_size_b(cfg: dict, model: str) -> float:

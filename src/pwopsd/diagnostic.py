@@ -139,15 +139,13 @@ def forced_continuation_requests(student_prompt_ids: Sequence[int], spine_ids: S
 
     Child ``j`` gets request seed ``seed + j * seed_stride`` (default stride ``n``: the children's
     samples, seeds ``s + k`` in vLLM's convention, never share a seed)."""
-    stride = n if seed_stride is None else seed_stride
-    from .generation import GenerationRequest
+    from .sampling import SamplingConfig
 
+    stride = n if seed_stride is None else seed_stride
     reqs = []
     for j, child in enumerate(children):
-        prompt = tuple(int(t) for t in list(student_prompt_ids) + list(spine_ids[:position]) + [int(child)])
-        room = max_model_len - len(prompt)
-        if room < 1:
-            raise ValueError(f"forced prefix of {len(prompt)} tokens does not fit max_model_len={max_model_len}")
-        reqs.append(GenerationRequest(prompt, n=n, seed=seed + stride * j, temperature=temperature, top_p=top_p,
-                                      top_k=0, max_new_tokens=room))
+        prefix = list(student_prompt_ids) + list(spine_ids[:position]) + [int(child)]
+        sampling = SamplingConfig(n=n, temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_model_len,
+                                  max_model_len=max_model_len, seed=seed + stride * j)
+        reqs.append(sampling.request(prefix))
     return reqs
