@@ -15,6 +15,34 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(autouse=True)
+def _package_index(request):
+    """Tests marked ``network`` need the package index: skipped when it cannot be reached, except
+    in CI (CI=true), where the index is reachable and a skip would hide a failure."""
+    if request.node.get_closest_marker("network") and not _index_reachable():
+        if os.environ.get("CI"):
+            pytest.fail("the package index is unreachable")
+        pytest.skip("the package index is unreachable")
+
+
+_INDEX = {}
+
+
+def _index_reachable() -> bool:
+    if "ok" not in _INDEX:
+        import subprocess
+
+        from pwopsd.stacks import StackError, _uv
+
+        try:
+            proc = subprocess.run([_uv(), "pip", "compile", "--quiet", "--no-header", "-"], input="six==1.16.0\n",
+                                  capture_output=True, text=True, timeout=60)
+            _INDEX["ok"] = proc.returncode == 0
+        except (StackError, subprocess.TimeoutExpired):
+            _INDEX["ok"] = False
+    return _INDEX["ok"]
+
+
 def require_shared(path: Path) -> Path:
     if not path.exists():
         pytest.skip(f"{path} not available (shared data lives beside the checkout)")

@@ -8,13 +8,11 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from pwopsd import branch_viability as bv
 from pwopsd import stats
 from pwopsd.config import diagnostic_settings, load_config
 from pwopsd.diagnostic import truncated_entropy
-from pwopsd.generation.hf_backend import HFBackend
 from pwopsd.grading import grade_answers
 from pwopsd.sampling import partial_dir
 from conftest import REPO
@@ -35,6 +33,7 @@ def bench(n, prefix):
                          "answer": [str(i + 1) for i in range(n)], "solution": [f"{i} + 1 = {i + 1}" for i in range(n)]})
 
 
+@pytest.mark.vllm_stack
 def test_problem_draw_is_seeded_without_replacement():
     tables = {"a": bench(30, "a"), "b": bench(10, "b")}
     one = bv.sample_problems(tables, {"a": 8, "b": 10}, seed=0)
@@ -47,6 +46,7 @@ def test_problem_draw_is_seeded_without_replacement():
         bv.sample_problems(tables, {"b": 11}, seed=0)
 
 
+@pytest.mark.vllm_stack
 def test_token_filter_drops_special_and_junk(tiny_tokenizer):
     keep = bv.TokenFilter(tiny_tokenizer)
     ids = {t: tiny_tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|im_start|>", "<|endoftext|>", "<think>")}
@@ -60,6 +60,7 @@ def test_token_filter_drops_special_and_junk(tiny_tokenizer):
     np.testing.assert_array_equal(keep.mask(arr), [[True, False], [True, True]])
 
 
+@pytest.mark.vllm_stack
 def test_boxed_start_is_the_token_where_boxed_begins(tiny_tokenizer):
     text = "<think>\n2 + 3 = 5\n</think>\n\nThe answer is \\boxed{5}. Again \\boxed{5}."
     ids = tiny_tokenizer.encode(text, add_special_tokens=False)
@@ -76,6 +77,8 @@ def grade(predictions, golds):
 
 @pytest.fixture(scope="module")
 def spines(random_tiny_model, tiny_tokenizer, settings, tmp_path_factory):
+    from pwopsd.generation.hf_backend import HFBackend
+
     problems = bv.sample_problems({"a": bench(6, "a")}, {"a": 3}, seed=0)
     backend = HFBackend(random_tiny_model, tiny_tokenizer, batch_size=8)
     out = tmp_path_factory.mktemp("spines") / "spines.parquet"
@@ -84,6 +87,8 @@ def spines(random_tiny_model, tiny_tokenizer, settings, tmp_path_factory):
 
 
 def test_spines_fall_back_when_greedy_has_no_boxed(spines, random_tiny_model, tiny_tokenizer, settings, tmp_path):
+    from pwopsd.generation.hf_backend import HFBackend
+
     # A random model never writes \boxed{...}: every spine is the seeded T=0.7 fallback, graded wrong.
     assert list(spines["decoding"]) == ["fallback"] * 3 and not spines["correct"].any()
     assert (spines["spine_length"] == spines["spine_ids"].map(len)).all()
@@ -106,6 +111,8 @@ def test_spines_fall_back_when_greedy_has_no_boxed(spines, random_tiny_model, ti
 
 
 def test_teacher_pass_and_candidates(spines, random_tiny_model, tiny_tokenizer, settings):
+    import torch
+
     teacher = bv.run_teacher_pass(random_tiny_model, tiny_tokenizer, spines, settings)
     assert len(teacher) == spines["spine_length"].sum()
     row = teacher.iloc[3]
@@ -159,6 +166,7 @@ def crafted_pool():
     return spines, cands, pd.DataFrame(rows)
 
 
+@pytest.mark.vllm_stack
 def test_labels_from_graded_continuations(settings):
     spines, cands, cont = crafted_pool()
     labels = bv.label_candidates(cands, cont, spines, settings, grade=grade)

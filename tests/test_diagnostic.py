@@ -3,7 +3,6 @@ unchanged afterwards."""
 
 import numpy as np
 import pytest
-import torch
 
 from pwopsd.diagnostic import mc_dropout, select_candidates, truncated_entropy
 
@@ -20,12 +19,14 @@ def dist(T, rows):
     return ids, probs
 
 
+@pytest.mark.vllm_stack
 def test_truncated_entropy_renormalizes_valid_top_m():
     assert truncated_entropy([0.5, 0.25, 0.25], [True, True, True]) == pytest.approx(1.0397, abs=1e-4)
     assert truncated_entropy([0.4, 0.3, 0.3], [False, True, True]) == pytest.approx(np.log(2))
     assert truncated_entropy([0.5, 0.3, 0.2], [True, True, True], top_m=1) == 0.0
 
 
+@pytest.mark.vllm_stack
 def test_plausibility_filter_boundaries():
     ids, probs = dist(300, {
         10: ([10, 11, 12, 13], [0.20, 0.02, 0.01, 0.01]),   # p2 = 0.02 and p2/p1 = 0.10: kept (both >=)
@@ -38,6 +39,7 @@ def test_plausibility_filter_boundaries():
     assert got[1].children == [11, 12, 13] and got[1].p1 == 0.3
 
 
+@pytest.mark.vllm_stack
 def test_spacing_boxed_and_top_five_by_entropy():
     rows = {t: ([10, 11, 12, 13], [0.4, 0.3, 0.2 + 0.0001 * t, 0.1]) for t in range(0, 1000, 10)}
     ids, probs = dist(1000, rows)
@@ -51,6 +53,8 @@ def test_spacing_boxed_and_top_five_by_entropy():
 
 
 def test_mc_dropout_hooks_are_removed(random_tiny_model):
+    import torch
+
     model = random_tiny_model
     x = torch.tensor([[3, 4, 5, 6, 7]])
     with torch.no_grad():
@@ -70,6 +74,8 @@ def test_mc_dropout_hooks_are_removed(random_tiny_model):
 
 
 def test_teacher_pass_streams_the_same_distribution(random_tiny_model):
+    import torch
+
     from pwopsd.diagnostic import teacher_pass
 
     prompt, spine = [3, 4, 5, 6], [7, 8, 9, 10, 11, 12, 13]
@@ -84,6 +90,7 @@ def test_teacher_pass_streams_the_same_distribution(random_tiny_model):
     assert out["entropy"].shape == (len(spine),)
 
 
+@pytest.mark.vllm_stack
 def test_forced_continuation_requests():
     from pwopsd.diagnostic import forced_continuation_requests
 

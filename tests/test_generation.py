@@ -11,7 +11,6 @@ import torch
 from pwopsd import prompts
 from pwopsd.generation import FINISH_LENGTH, FINISH_STOP, GenerationRequest, get_backend
 from pwopsd.generation.hf_backend import HFBackend, filter_and_sample
-from pwopsd.generation.vllm_backend import gpu_groups, round_robin, sampling_params_kwargs, to_completions
 
 
 def _nucleus_probs(logits, temperature, top_p, top_k):
@@ -122,47 +121,3 @@ def test_request_validation():
         GenerationRequest(())
     with pytest.raises(ValueError, match="unknown generation backend"):
         get_backend("tgi")
-
-
-def test_vllm_sampling_params_mapping():
-    eval_req = GenerationRequest((1, 2, 3), n=12, seed=None, temperature=1.0, top_p=0.95, top_k=-1, max_new_tokens=38912)
-    kw = sampling_params_kwargs(eval_req)
-    assert kw == {"n": 12, "temperature": 1.0, "top_p": 0.95, "top_k": -1, "min_p": 0.0, "max_tokens": 38912,
-                  "stop_token_ids": [], "skip_special_tokens": True}
-    assert "seed" not in kw  # "main" run: engine seed applies
-    seeded = sampling_params_kwargs(GenerationRequest((1,), n=12, seed=2, top_k=0, top_p=0.95))
-    assert seeded["seed"] == 2 and seeded["top_k"] == -1
-    rollout = sampling_params_kwargs(GenerationRequest((1,), temperature=1.1, top_p=0.95, top_k=20, max_new_tokens=1024, stop_ids=(5,)))
-    assert (rollout["top_k"], rollout["temperature"], rollout["stop_token_ids"]) == (20, 1.1, [5])
-    greedy = sampling_params_kwargs(GenerationRequest((1,), temperature=0.0, top_p=0.5, top_k=7))
-    assert (greedy["top_p"], greedy["top_k"]) == (1.0, -1)
-
-
-def test_vllm_output_mapping_and_dp_layout():
-    out = SimpleNamespace(outputs=[SimpleNamespace(index=1, token_ids=(4, 2), text="b", finish_reason="stop"),
-                                   SimpleNamespace(index=0, token_ids=[3], text="a", finish_reason="length")])
-    comps = to_completions(out)
-    assert [c.text for c in comps] == ["a", "b"] and comps[1].token_ids == [4, 2]
-    assert round_robin(5, 2) == [[0, 2, 4], [1, 3]]
-    assert gpu_groups(2, 2, ["0", "1", "2", "3"]) == ["0,1", "2,3"]
-    with pytest.raises(RuntimeError, match="needs data_parallel_size x tensor_parallel_size = 4 GPUs, 2 visible"):
-        gpu_groups(2, 2, ["0", "1"])
-
-
-def test_vllm_backend_imports_lazily():
-    backend = get_backend("vllm", model_path="/nonexistent", tensor_parallel_size=4)
-    assert backend.engine_kwargs["tensor_parallel_size"] == 4 and backend.engine_kwargs["seed"] == 0
-
-
-def test_vllm_engine_settings_come_from_the_model_entry():
-    from conftest import REPO
-    from pwopsd.config import backend_options, load_config
-    from pwopsd.sampling import make_backend
-
-    cfg = load_config(REPO / "config" / "config.yaml")
-    backend = make_backend("vllm", {"path": "/models/qwen"}, dtype="bfloat16", max_model_len=40960,
-                           options=backend_options(cfg, "qwen3_4b"))
-    assert backend.engine_kwargs == {"model": "/models/qwen", "dtype": "bfloat16", "max_model_len": 40960,
-                                     "tensor_parallel_size": 4, "gpu_memory_utilization": 0.9, "enforce_eager": True,
-                                     "seed": 0, "trust_remote_code": False}
-    assert backend.data_parallel_size == 1

@@ -11,6 +11,8 @@ import pytest
 from conftest import BENCHMARKS, REPO, require_shared
 from pwopsd.grading import STATUS_TIMEOUT, GraderPool, GradingOptions, extract_boxed, grade_answers, grade_pair
 
+pytestmark = pytest.mark.vllm_stack  # also run under the vLLM stack (tests/test_vllm_stack.py)
+
 REFERENCE = GradingOptions(string_fallback="exception", gold_wrapping="dollar")
 POWER_TOWER = "\\dfrac{5^{\\left(5^{\\left(5^{\\left(5^5\\right)}\\right)} - 4\\right)} - 5}{16}"
 

@@ -9,6 +9,8 @@ import pytest
 from conftest import SPEC, require_shared
 from pwopsd import prompts
 
+pytestmark = pytest.mark.vllm_stack  # also run under the vLLM stack (tests/test_vllm_stack.py)
+
 
 def _spec_repr(after: str) -> str:
     text = require_shared(SPEC / "reference_implementation.md").read_text()

@@ -5,7 +5,6 @@ import pandas as pd
 import pytest
 
 from pwopsd import prompts
-from pwopsd.generation.hf_backend import HFBackend
 from pwopsd.io import read_parquet_metadata
 from pwopsd.sampling import PromptTooLongError, SamplingConfig, eval_prompt_ids, sample_benchmark
 from pwopsd.tiny.model import TinyBuildConfig, check_dev_accuracy
@@ -13,20 +12,27 @@ from pwopsd.tiny.model import TinyBuildConfig, check_dev_accuracy
 EVAL = {"n": 2, "temperature": 1.0, "top_p": 0.95, "top_k": -1, "max_new_tokens": 8, "max_model_len": 512}
 
 
-class CountingBackend(HFBackend):
-    """The real HF backend, counting the requests it serves and optionally failing mid-job."""
+class CountingBackend:
+    """The real HF backend, counting the requests it serves and optionally failing mid-job
+    (imported here so that this module also loads in the vLLM-stack test environment, without torch)."""
 
     def __init__(self, *a, fail_after=None, **kw):
-        super().__init__(*a, **kw)
+        from pwopsd.generation.hf_backend import HFBackend
+
+        self.inner = HFBackend(*a, **kw)
         self.calls, self.fail_after = 0, fail_after
 
     def generate(self, requests):
         if self.fail_after is not None and self.calls >= self.fail_after:
             raise KeyboardInterrupt("simulated preemption")
         self.calls += 1
-        return super().generate(requests)
+        return self.inner.generate(requests)
+
+    def versions(self):
+        return self.inner.versions()
 
 
+@pytest.mark.vllm_stack
 def test_eval_prompts_use_the_eval_template(tiny_tokenizer):
     ids = eval_prompt_ids(tiny_tokenizer, ["Compute 1 + 1."], enable_thinking=True, add_special_tokens=False)[0]
     text = tiny_tokenizer.decode(ids)
@@ -35,6 +41,7 @@ def test_eval_prompts_use_the_eval_template(tiny_tokenizer):
     assert off.endswith("<think>\n\n</think>\n\n")
 
 
+@pytest.mark.vllm_stack
 def test_new_tokens_clipped_to_model_length():
     cfg = SamplingConfig.from_evaluation({**EVAL, "max_new_tokens": 100, "max_model_len": 50}, seed=1)
     assert cfg.request(list(range(1, 41))).max_new_tokens == 10

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
-import torch
-import torch.nn.functional as F
+
+# torch is imported inside the model-pass functions (decoder_layers, mc_dropout, teacher_pass):
+# candidate selection and forced-continuation requests also run in the vLLM stack's jobs, and
+# their tests run without torch (see docs/cluster.md, "Software stacks").
 
 
 def truncated_entropy(probs: Sequence[float], valid: Sequence[bool], top_m: int = 16) -> float:
@@ -68,7 +70,7 @@ def select_candidates(top_ids: np.ndarray, top_probs: np.ndarray, is_valid: Call
     return sorted(chosen, key=lambda c: c.position)
 
 
-def decoder_layers(model) -> list[torch.nn.Module]:
+def decoder_layers(model) -> list["torch.nn.Module"]:
     """The transformer blocks of a HF causal LM (``model.model.layers``, through a PEFT wrapper too)."""
     inner = model
     for attr in ("base_model", "model"):
@@ -86,6 +88,8 @@ def mc_dropout(model, *, last_layers: int = 4, p: float = 0.1) -> Iterator[None]
     Hooks are always removed on exit (``try/finally``), also after an exception.
     """
 
+    import torch.nn.functional as F
+
     def hook(module, inputs, output):
         if isinstance(output, tuple):
             return (F.dropout(output[0], p, training=True), *output[1:])
@@ -99,14 +103,15 @@ def mc_dropout(model, *, last_layers: int = 4, p: float = 0.1) -> Iterator[None]
             h.remove()
 
 
-def last_hidden_states(model, ids: Sequence[int]) -> torch.Tensor:
+def last_hidden_states(model, ids: Sequence[int]) -> "torch.Tensor":
     """``[T, d]`` final hidden states of one sequence (the decoder only: no vocabulary projection)."""
+    import torch
+
     x = torch.tensor([list(ids)], device=next(model.parameters()).device)
     inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     return inner(input_ids=x).last_hidden_state[0]
 
 
-@torch.no_grad()
 def teacher_pass(model, prompt_ids: Sequence[int], spine_ids: Sequence[int], *, top_k: int = 16,
                  chunk_size: int = 256) -> dict[str, np.ndarray]:
     """Phase B: the teacher's next-token distribution at every spine position, streamed.
@@ -116,19 +121,22 @@ def teacher_pass(model, prompt_ids: Sequence[int], spine_ids: Sequence[int], *, 
     a time, so full-vocabulary distributions never exist for the whole spine. Position ``t``
     predicts ``spine_ids[t]`` (from the hidden state of the token before it).
     """
-    hidden = last_hidden_states(model, list(prompt_ids) + list(spine_ids))
-    head = model.get_output_embeddings().weight
-    start = len(prompt_ids) - 1
-    entropies, top_ids, top_probs = [], [], []
-    for a in range(start, start + len(spine_ids), chunk_size):
-        h = hidden[a : min(a + chunk_size, start + len(spine_ids))]
-        logp = torch.log_softmax((h @ head.T).float(), dim=-1)
-        entropies.append(-(logp.exp() * logp).sum(-1))
-        vals, idx = logp.topk(top_k, dim=-1)
-        top_ids.append(idx)
-        top_probs.append(vals.exp())
-    return {"entropy": torch.cat(entropies).cpu().numpy(), "top_ids": torch.cat(top_ids).cpu().numpy(),
-            "top_probs": torch.cat(top_probs).cpu().numpy()}
+    import torch
+
+    with torch.no_grad():
+        hidden = last_hidden_states(model, list(prompt_ids) + list(spine_ids))
+        head = model.get_output_embeddings().weight
+        start = len(prompt_ids) - 1
+        entropies, top_ids, top_probs = [], [], []
+        for a in range(start, start + len(spine_ids), chunk_size):
+            h = hidden[a : min(a + chunk_size, start + len(spine_ids))]
+            logp = torch.log_softmax((h @ head.T).float(), dim=-1)
+            entropies.append(-(logp.exp() * logp).sum(-1))
+            vals, idx = logp.topk(top_k, dim=-1)
+            top_ids.append(idx)
+            top_probs.append(vals.exp())
+        return {"entropy": torch.cat(entropies).cpu().numpy(), "top_ids": torch.cat(top_ids).cpu().numpy(),
+                "top_probs": torch.cat(top_probs).cpu().numpy()}
 
 
 def forced_continuation_requests(student_prompt_ids: Sequence[int], spine_ids: Sequence[int], position: int,

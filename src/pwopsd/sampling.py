@@ -214,24 +214,30 @@ def run_generations(
 
     sampling = SamplingConfig.from_evaluation(settings, seed)
     tokenizer = load_tokenizer(manifest)
-    backend = make_backend(backend_name, manifest, dtype=dtype, max_model_len=sampling.max_model_len,
-                           min_p=sampling.min_p, options=backend_options, tokenizer=tokenizer)
-    for name, table, output in benchmarks:
-        ids = eval_prompt_ids(
-            tokenizer,
-            list(table["problem"]),
-            enable_thinking=bool(settings.get("enable_thinking", True)),
-            add_special_tokens=bool(chat_template.get("add_special_tokens", True)),
-        )
-        meta = {
-            **metadata,
-            "benchmark": name,
-            "model_path": manifest["path"],
-            "hf_id": manifest.get("hf_id"),
-            "revision": manifest.get("revision"),
-            "prompt": "eval",
-            "enable_thinking": bool(settings.get("enable_thinking", True)),
-            "chat_template": chat_template,
-        }
-        log.info("sampling %s (%d problems)", name, len(table))
-        sample_benchmark(backend, list(table["id"]), ids, sampling, output=output, metadata=meta)
+    with make_backend(backend_name, manifest, dtype=dtype, max_model_len=sampling.max_model_len,
+                      min_p=sampling.min_p, options=backend_options, tokenizer=tokenizer) as backend:
+        for name, table, output in benchmarks:
+            _sample_one_benchmark(backend, tokenizer, name, table, output, manifest=manifest, settings=settings,
+                                  sampling=sampling, chat_template=chat_template, metadata=metadata)
+
+
+def _sample_one_benchmark(backend, tokenizer, name, table, output, *, manifest, settings, sampling, chat_template,
+                      metadata) -> None:
+    ids = eval_prompt_ids(
+        tokenizer,
+        list(table["problem"]),
+        enable_thinking=bool(settings.get("enable_thinking", True)),
+        add_special_tokens=bool(chat_template.get("add_special_tokens", True)),
+    )
+    meta = {
+        **metadata,
+        "benchmark": name,
+        "model_path": manifest["path"],
+        "hf_id": manifest.get("hf_id"),
+        "revision": manifest.get("revision"),
+        "prompt": "eval",
+        "enable_thinking": bool(settings.get("enable_thinking", True)),
+        "chat_template": chat_template,
+    }
+    log.info("sampling %s (%d problems)", name, len(table))
+    sample_benchmark(backend, list(table["id"]), ids, sampling, output=output, metadata=meta)

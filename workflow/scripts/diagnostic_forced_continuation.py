@@ -20,12 +20,12 @@ def main(snakemake):
     manifest = read_manifest(snakemake.input.model)
     requests, keys = forced_continuation_plan(pd.read_parquet(snakemake.input.spines),
                                               pd.read_parquet(snakemake.input.candidates), s)
-    backend = make_backend(snakemake.params.backend, manifest, dtype=s["dtype"],
-                           max_model_len=s["forced_continuation"]["max_model_len"],
-                           options=backend_options(snakemake.config, snakemake.wildcards.model),
-                           tokenizer=load_tokenizer(manifest))
     t0 = time.time()
-    table = generate_resumable(backend, requests, keys, partial=partial_dir(out, {"requests": requests, "keys": keys}))
+    with make_backend(snakemake.params.backend, manifest, dtype=s["dtype"],
+                      max_model_len=s["forced_continuation"]["max_model_len"],
+                      options=backend_options(snakemake.config, snakemake.wildcards.model),
+                      tokenizer=load_tokenizer(manifest)) as backend:
+        table = generate_resumable(backend, requests, keys, partial=partial_dir(out, {"requests": requests, "keys": keys}))
     write_parquet(table, out, metadata=provenance(manifest, phase="E", settings=s, backend=backend.versions(),
                                                   seconds=round(time.time() - t0, 3)))
     clear_partial(out)

@@ -20,11 +20,10 @@ def main(snakemake):
     tokenizer = load_tokenizer(manifest)
     tables = {name: pd.read_parquet(path) for name, path in zip(snakemake.params.datasets, snakemake.input.benchmarks)}
     problems = sample_problems(tables, dict(s["datasets"]), int(s["sample_seed"]))
-    backend = make_backend(snakemake.params.backend, manifest, dtype=s["dtype"], max_model_len=s["spine"]["max_model_len"],
-                           options=backend_options(snakemake.config, snakemake.wildcards.model), tokenizer=tokenizer)
     grade = answer_grader(snakemake.params.grading, snakemake.threads)
-
-    spines = run_spines(backend, tokenizer, problems, s, grade=grade, partial_root=lambda key: partial_dir(out, key))
+    with make_backend(snakemake.params.backend, manifest, dtype=s["dtype"], max_model_len=s["spine"]["max_model_len"],
+                      options=backend_options(snakemake.config, snakemake.wildcards.model), tokenizer=tokenizer) as backend:
+        spines = run_spines(backend, tokenizer, problems, s, grade=grade, partial_root=lambda key: partial_dir(out, key))
     write_parquet(spines, out, metadata=provenance(manifest, phase="A", settings=s, grading=snakemake.params.grading,
                                                    backend=backend.versions()))
     clear_partial(out)

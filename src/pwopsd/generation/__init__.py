@@ -65,11 +65,20 @@ class Completion:
 
 
 class Backend(Protocol):
+    """A generation engine for one job: built once, used for every ``generate`` call of the job,
+    released by ``close`` (backends are context managers)."""
+
     name: str
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]: ...
 
     def versions(self) -> dict[str, str]: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> "Backend": ...
+
+    def __exit__(self, *exc) -> None: ...
 
 
 def get_backend(name: str, **kwargs) -> Backend:

@@ -78,6 +78,15 @@ class HFBackend:
         self.progress = progress
         self.tokens_generated = 0
 
+    def close(self) -> None:
+        """Nothing to release: the model lives as long as the job holds the backend."""
+
+    def __enter__(self) -> "HFBackend":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def versions(self) -> dict[str, str]:
         import transformers
 

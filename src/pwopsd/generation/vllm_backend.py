@@ -1,10 +1,12 @@
 """vLLM backend (GPU only): ``vllm.LLM`` + per-request ``SamplingParams``, imported lazily.
 
+One engine per job: the engine is built on the first ``generate`` call and reused for every later
+call (every shard of a resumable job, every benchmark of a generation job) until ``close``.
 Tensor parallelism runs inside one engine. Offline ``LLM(data_parallel_size>1)`` is refused by
-recent vLLM, so data parallelism here means ``data_parallel_size`` independent engine processes,
-each pinned to its own ``tensor_parallel_size`` GPUs through ``CUDA_VISIBLE_DEVICES`` and given a
-round-robin share of the requests. Per-request seeds make every sample independent of which
-engine served it.
+recent vLLM, so data parallelism here means ``data_parallel_size`` long-lived engine processes,
+each pinned to its own ``tensor_parallel_size`` GPUs through ``CUDA_VISIBLE_DEVICES``, each
+building its engine once and serving a round-robin share of every batch. Per-request seeds make
+every sample independent of which engine served it.
 
 Everything except the engine calls is a pure function tested on CPU.
 """
@@ -12,8 +14,7 @@ Everything except the engine calls is a pure function tested on CPU.
 from __future__ import annotations
 
 import os
-import pickle
-import tempfile
+import weakref
 from typing import Any, Sequence
 
 from . import Completion, GenerationRequest
@@ -63,7 +64,32 @@ def to_completions(request_output) -> list[Completion]:
     return [Completion(token_ids=list(o.token_ids), text=o.text, finish_reason=str(o.finish_reason)) for o in outs]
 
 
+def build_engine(engine_kwargs: dict):
+    """One ``vllm.LLM`` from the backend's engine settings (``None`` values left to vLLM)."""
+    from vllm import LLM
+
+    return LLM(**{k: v for k, v in engine_kwargs.items() if v is not None})
+
+
+def run_engine(llm, requests: Sequence[GenerationRequest], min_p: float) -> list[list[Completion]]:
+    """Generate ``requests`` on an already built engine (token-id prompts, per-request params)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    if not requests:
+        return []
+    prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
+    params = [SamplingParams(**sampling_params_kwargs(r, min_p=min_p)) for r in requests]
+    outputs = llm.generate(prompts, params, use_tqdm=True)
+    return [to_completions(o) for o in outputs]
+
+
 class VLLMBackend:
+    """One engine per job: the engine (or, with data parallelism, one engine process per rank) is
+    started on the first :meth:`generate` call and reused by every later call (every shard of a
+    resumable job, every benchmark of a generation job) until :meth:`close`. Use it as a context
+    manager, or call :meth:`close`, so engine processes end with the job."""
+
     name = "vllm"
 
     def __init__(
@@ -89,8 +115,11 @@ class VLLMBackend:
             "seed": engine_seed,
             "trust_remote_code": False,
         }
-        self.data_parallel_size = data_parallel_size
+        self.data_parallel_size = int(data_parallel_size)
         self.min_p = min_p
+        self._llm = None
+        self._ranks: list[_EngineProcess] = []
+        self._finalizer = None
 
     def versions(self) -> dict[str, str]:
         import vllm
@@ -98,46 +127,104 @@ class VLLMBackend:
         return {"backend": "vllm", "vllm": vllm.__version__}
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
+        requests = list(requests)
         if self.data_parallel_size == 1:
-            return _run_engine(self.engine_kwargs, list(requests), self.min_p)
+            if self._llm is None:
+                self._llm = build_engine(self.engine_kwargs)
+            return run_engine(self._llm, requests, self.min_p)
+        ranks = self._start_ranks()
+        shards = round_robin(len(requests), self.data_parallel_size)
+        for rank, idx in zip(ranks, shards):
+            rank.submit([requests[i] for i in idx])
+        results: list[list[Completion]] = [[] for _ in requests]
+        for rank, idx in zip(ranks, shards):
+            for i, completions in zip(idx, rank.result()):
+                results[i] = completions
+        return results
+
+    def _start_ranks(self) -> list["_EngineProcess"]:
+        if not self._ranks:
+            groups = gpu_groups(self.data_parallel_size, self.engine_kwargs["tensor_parallel_size"])
+            self._ranks = [_EngineProcess(rank, self.engine_kwargs, self.min_p, gpus) for rank, gpus in enumerate(groups)]
+            # Engine processes are not daemons (vLLM's tensor-parallel workers are their children), so
+            # they are stopped explicitly: by close(), or at interpreter exit.
+            self._finalizer = weakref.finalize(self, _stop_all, list(self._ranks))
+        return self._ranks
+
+    def close(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+            self._finalizer = None
+        self._ranks = []
+        self._llm = None
+
+    def __enter__(self) -> "VLLMBackend":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _EngineProcess:
+    """A data-parallel rank: a spawned process that builds one engine on its GPUs and then serves
+    generation requests over a pipe until it is told to stop."""
+
+    def __init__(self, rank: int, engine_kwargs: dict, min_p: float, gpus: str):
         import multiprocessing as mp
 
-        shards = round_robin(len(requests), self.data_parallel_size)
-        groups = gpu_groups(self.data_parallel_size, self.engine_kwargs["tensor_parallel_size"])
         ctx = mp.get_context("spawn")
-        with tempfile.TemporaryDirectory(prefix="pwopsd-vllm-dp-") as tmp:
-            procs = []
-            for rank, (idx, gpus) in enumerate(zip(shards, groups)):
-                out = os.path.join(tmp, f"rank{rank}.pkl")
-                p = ctx.Process(target=_dp_worker, args=(self.engine_kwargs, [requests[i] for i in idx], self.min_p, gpus, out))
-                p.start()
-                procs.append((p, out))
-            for p, _ in procs:
-                p.join()
-            failed = [r for r, (p, _) in enumerate(procs) if p.exitcode != 0]
-            if failed:
-                raise RuntimeError(f"vLLM data-parallel ranks {failed} failed (see their output above)")
-            results: list[list[Completion]] = [[] for _ in requests]
-            for idx, (_, out) in zip(shards, procs):
-                with open(out, "rb") as fh:
-                    for i, completions in zip(idx, pickle.load(fh)):
-                        results[i] = completions
-            return results
+        self.rank = rank
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_engine_process_main, args=(engine_kwargs, min_p, gpus, child),
+                                   name=f"vllm-dp-rank{rank}")
+        self.process.start()
+        child.close()
+
+    def submit(self, requests: list[GenerationRequest]) -> None:
+        self.conn.send(requests)
+
+    def result(self) -> list[list[Completion]]:
+        try:
+            status, payload = self.conn.recv()
+        except EOFError:
+            self.process.join(timeout=5)
+            raise RuntimeError(f"vLLM data-parallel rank {self.rank} died (exit code {self.process.exitcode}); "
+                               "see its output above") from None
+        if status != "ok":
+            raise RuntimeError(f"vLLM data-parallel rank {self.rank} failed:\n{payload}")
+        return payload
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            try:
+                self.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            self.process.join(timeout=60)
+            if self.process.is_alive():
+                self.process.terminate()
+                self.process.join()
+        self.conn.close()
 
 
-def _run_engine(engine_kwargs: dict, requests: list[GenerationRequest], min_p: float) -> list[list[Completion]]:
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    llm = LLM(**{k: v for k, v in engine_kwargs.items() if v is not None})
-    prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
-    params = [SamplingParams(**sampling_params_kwargs(r, min_p=min_p)) for r in requests]
-    outputs = llm.generate(prompts, params, use_tqdm=True)
-    return [to_completions(o) for o in outputs]
+def _stop_all(ranks: list[_EngineProcess]) -> None:
+    for rank in ranks:
+        rank.stop()
 
 
-def _dp_worker(engine_kwargs, requests, min_p, gpus, out_path):  # pragma: no cover - needs GPUs
+def _engine_process_main(engine_kwargs: dict, min_p: float, gpus: str, conn) -> None:  # runs in the rank's process
+    import traceback
+
     os.environ["CUDA_VISIBLE_DEVICES"] = gpus
-    results = _run_engine(engine_kwargs, requests, min_p)
-    with open(out_path, "wb") as fh:
-        pickle.dump(results, fh)
+    llm = None
+    while True:
+        requests = conn.recv()
+        if requests is None:
+            break
+        try:
+            if llm is None:
+                llm = build_engine(engine_kwargs)
+            conn.send(("ok", run_engine(llm, requests, min_p)))
+        except Exception:  # reported to the parent, which fails the job with this traceback
+            conn.send(("error", traceback.format_exc()))
+    conn.close()

@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from .. import prompts
 from .arithmetic import ArithmeticProblem, sample_problem, sample_problems
@@ -122,6 +121,8 @@ def tokenizer_corpus(cfg: TinyBuildConfig, n: int = 3000) -> list[str]:
 
 
 def build_model(cfg: TinyBuildConfig, tokenizer):
+    import torch
+
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     vocab = int(math.ceil(len(tokenizer) / 64) * 64)
@@ -147,8 +148,10 @@ def build_model(cfg: TinyBuildConfig, tokenizer):
     return model
 
 
-def collate(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def collate(tokenizer, pairs: list[tuple[str, str]]) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
     """Right-padded input ids, attention mask and labels (-100 on prompt and padding)."""
+    import torch
+
     seqs, labels = [], []
     for prompt, response in pairs:
         p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -172,6 +175,8 @@ def lr_at(step: int, cfg: TinyBuildConfig) -> float:
 
 
 def pretrain(model, tokenizer, cfg: TinyBuildConfig, log_every: int = 50) -> list[float]:
+    import torch
+
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]

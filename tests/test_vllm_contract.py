@@ -1,0 +1,128 @@
+"""Contract test against the real vLLM release pinned in envs/vllm.yaml.
+
+The wheel is downloaded without dependencies (it cannot be imported here: CUDA-only) and the source
+of the classes the backend calls is read with ``ast``: every keyword the backend passes to
+``LLM(...)`` (its own parameters, or ``EngineArgs`` fields taken through ``**kwargs``) and to
+``SamplingParams(...)``, the ``TokensPrompt`` key, the ``generate`` call and the output fields the
+backend reads must exist in that release. Needs the package index; skipped offline, failed in CI.
+"""
+
+import ast
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from pwopsd.config import backend_options, load_config
+from pwopsd.generation import GenerationRequest
+from pwopsd.generation.vllm_backend import sampling_params_kwargs
+from pwopsd.sampling import SamplingConfig, make_backend
+from pwopsd.stacks import LINUX_X86_64_PLATFORMS, env_pins, load_stacks
+
+SOURCES = ["vllm/__init__.py", "vllm/entrypoints/llm.py", "vllm/engine/arg_utils.py", "vllm/sampling_params.py",
+           "vllm/inputs/__init__.py", "vllm/inputs/data.py", "vllm/outputs.py"]
+
+
+@pytest.fixture(scope="module")
+def vllm_src():
+    version = env_pins(load_stacks()["vllm"])["vllm"]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pwopsd" / "wheels"
+    cache.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(cache.glob(f"vllm-{version}-*.whl"))
+    if not wheels:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+               "--python-version", "3.11", "-d", str(cache), f"vllm=={version}"]
+        for plat in LINUX_X86_64_PLATFORMS:
+            cmd += ["--platform", plat]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = sorted(cache.glob(f"vllm-{version}-*.whl"))
+        if proc.returncode != 0 or not wheels:
+            msg = f"could not download vllm=={version}: {proc.stderr.strip()[-500:]}"
+            if os.environ.get("CI"):
+                pytest.fail(msg)
+            pytest.skip(msg)
+    out = cache / f"vllm-{version}-src"
+    with zipfile.ZipFile(wheels[0]) as zf:
+        for name in SOURCES:
+            zf.extract(name, out)
+    return {"version": version, **{name: ast.parse((out / name).read_text()) for name in SOURCES}}
+
+
+def _class(tree, name):
+    found = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name]
+    assert found, f"class {name} not found"
+    return found[0]
+
+
+def _method_params(cls, name):
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    params = {a.arg for a in fn.args.args + fn.args.kwonlyargs + fn.args.posonlyargs} - {"self"}
+    return params, fn.args.kwarg is not None
+
+
+def _fields(cls):
+    return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+def _exported(tree):
+    """Names a module exports: ``__all__`` entries and, for vllm's lazy top level, MODULE_ATTRS keys."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id in ("__all__", "MODULE_ATTRS") for t in targets):
+                value = node.value
+                if isinstance(value, (ast.List, ast.Tuple)):
+                    names |= {e.value for e in value.elts if isinstance(e, ast.Constant)}
+                elif isinstance(value, ast.Dict):
+                    names |= {k.value for k in value.keys if isinstance(k, ast.Constant)}
+    return names
+
+
+def accepted_engine_kwargs(src):
+    params, has_kwargs = _method_params(_class(src["vllm/entrypoints/llm.py"], "LLM"), "__init__")
+    if has_kwargs:  # forwarded to EngineArgs(...)
+        params |= _fields(_class(src["vllm/engine/arg_utils.py"], "EngineArgs"))
+    return params
+
+
+def _backends():
+    cfg = load_config(REPO / "config" / "config.yaml")
+    for model in cfg["models"]:
+        yield model, make_backend("vllm", {"path": f"/models/{model}"}, dtype=cfg["models"][model]["dtype"],
+                                  max_model_len=40960, options=backend_options(cfg, model))
+
+
+def test_engine_kwargs_of_every_configured_model_are_accepted_by_llm(vllm_src):
+    accepted = accepted_engine_kwargs(vllm_src)
+    for model, backend in _backends():
+        unknown = set(backend.engine_kwargs) - accepted
+        assert not unknown, f"{model}: LLM(...) in vllm {vllm_src['version']} does not take {sorted(unknown)}"
+    assert "max_new_tokens" not in accepted  # the check can fail: a name vLLM does not use
+
+
+def test_sampling_params_kwargs_are_fields_of_sampling_params(vllm_src):
+    fields = _fields(_class(vllm_src["vllm/sampling_params.py"], "SamplingParams"))
+    cfg = load_config(REPO / "config" / "config.yaml")
+    requests = [SamplingConfig.from_evaluation(cfg["evaluation"], seed).request([1, 2, 3]) for seed in (None, 1)]
+    requests += [GenerationRequest((1,), temperature=0.0), GenerationRequest((1,), temperature=1.1, top_k=20, stop_ids=(7,))]
+    for req in requests:
+        unknown = set(sampling_params_kwargs(req, min_p=0.0)) - fields
+        assert not unknown, f"SamplingParams in vllm {vllm_src['version']} has no {sorted(unknown)}"
+    assert "max_new_tokens" not in fields
+
+
+def test_prompt_type_generate_call_and_outputs_match_the_release(vllm_src):
+    assert {"LLM", "SamplingParams"} <= _exported(vllm_src["vllm/__init__.py"])
+    assert "TokensPrompt" in _exported(vllm_src["vllm/inputs/__init__.py"])
+    assert "prompt_token_ids" in _fields(_class(vllm_src["vllm/inputs/data.py"], "TokensPrompt"))
+    params, _ = _method_params(_class(vllm_src["vllm/entrypoints/llm.py"], "LLM"), "generate")
+    assert {"prompts", "sampling_params", "use_tqdm"} <= params
+    completion = _fields(_class(vllm_src["vllm/outputs.py"], "CompletionOutput"))
+    assert {"index", "text", "token_ids", "finish_reason"} <= completion
+    request_output_init, _ = _method_params(_class(vllm_src["vllm/outputs.py"], "RequestOutput"), "__init__")
+    assert "outputs" in request_output_init
