@@ -3,6 +3,7 @@ file's location, pwopsd's ranges admitting every stack, and resolution as Snakem
 
 import json
 import os
+import sys
 import tomllib
 from pathlib import Path
 
@@ -98,3 +99,38 @@ def test_every_env_resolves_as_snakemake_builds_it_with_a_conda_prefix_elsewhere
     assert {Path(r["env_file"]).read_text() for r in records} == {
         s.env_file.read_text() for s in stacks.load_stacks().values()}
     assert os.environ.get("PWOPSD_STACK_CHECK_LOG") is None
+
+
+@pytest.mark.network
+def test_a_job_imports_pwopsd_from_the_workflow_src_in_an_env_without_it(tmp_path):
+    """The envs hold third-party packages only: a real job, run by Snakemake from an environment
+    where pwopsd is not installed, imports it from the workflow's src/; and so do the processes a
+    job starts (``accelerate launch ... -m pwopsd.train_job``), through the PYTHONPATH that the
+    Snakefile exports."""
+    import shutil
+    import subprocess
+
+    env_dir = tmp_path / "env"
+    subprocess.run([stacks._uv(), "venv", "--quiet", "--python", sys.executable, str(env_dir)], check=True)
+    lock = REPO / "requirements.lock"
+    proc = subprocess.run([stacks._uv(), "pip", "install", "--quiet", "--python", str(env_dir / "bin" / "python"), "-c",
+                           str(lock), "snakemake", "pandas", "pyarrow", "numpy", "PyYAML", "jsonschema"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    python = str(env_dir / "bin" / "python")
+    assert subprocess.run([python, "-c", "import pwopsd"], capture_output=True, cwd=tmp_path).returncode != 0
+    shutil.copytree(REPO / "tiny" / "config", tmp_path / "work" / "config")
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    run = subprocess.run([python, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1", "--directory",
+                          str(tmp_path / "work"), "results/data/benchmarks/arith_l1.parquet"],
+                         capture_output=True, text=True, env={**clean, "PATH": f"{env_dir / 'bin'}:{clean['PATH']}"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (tmp_path / "work" / "results" / "data" / "benchmarks" / "arith_l1.parquet").exists()
+    parsed = subprocess.run([sys.executable, "-c", "import os; from pwopsd.standalone import mock_snakemake; "
+                             f"mock_snakemake('prepare_benchmark', {str(tmp_path / 'work')!r}, benchmark='arith_l1'); "
+                             "print(os.environ['PYTHONPATH'])"], capture_output=True, text=True, env=clean, cwd=REPO)
+    exported = parsed.stdout.strip().splitlines()[-1]
+    assert exported.split(os.pathsep)[0] == str(REPO / "src")
+    child = subprocess.run([python, "-c", "import pwopsd, sys; print(pwopsd.__file__)"], capture_output=True, text=True,
+                           env={**clean, "PYTHONPATH": exported}, cwd=tmp_path)
+    assert child.returncode == 0 and child.stdout.startswith(str(REPO / "src"))
