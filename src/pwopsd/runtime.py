@@ -24,6 +24,15 @@ def setup_logging(log_path: str | None = None, level: int = logging.INFO) -> log
     return logging.getLogger("pwopsd")
 
 
+def export_source_path(src: str) -> None:
+    """Put ``src`` first on ``PYTHONPATH`` of this process's environment (once), so that every job
+    and every process a job starts imports pwopsd from the workflow's checkout: the cluster envs
+    (``envs/*.yaml``) hold third-party packages only. Called by the Snakefile."""
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if not parts or parts[0] != src:
+        os.environ["PYTHONPATH"] = os.pathsep.join([src, *(p for p in parts if p != src)])
+
+
 def set_threads(n: int) -> None:
     import torch
 

@@ -1,16 +1,16 @@
 # Shared definitions: config validation, names, wildcard constraints and input functions.
 
-import os
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+
+from pwopsd.runtime import export_source_path
 
 # Every job imports pwopsd from this workflow's src/, whatever environment runs it (the conda envs
 # of envs/ hold third-party packages only, so nothing in them points back at the checkout). Jobs
 # inherit PYTHONPATH; a cluster job re-reads this file on its node and sets it there too.
-PWOPSD_SRC = str(Path(workflow.basedir) / "src")
-sys.path.insert(0, PWOPSD_SRC)
-if PWOPSD_SRC not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [PWOPSD_SRC, os.environ.get("PYTHONPATH")] if p)
+export_source_path(str(Path(workflow.basedir) / "src"))
 
 from snakemake.exceptions import WorkflowError
 
