@@ -292,6 +292,7 @@ def training_config(cfg: dict, model: str, method: str) -> dict:
         "rollout_top_k": tr["rollout_top_k"],
         "max_completion_length": tr["max_completion_length"],
         "position_ids": tr["position_ids"],
+        "gradient_checkpointing": tr["gradient_checkpointing"],
     }
 
 

@@ -1,9 +1,13 @@
 """One training run as the ``train`` rule runs it: load the base checkpoint and the corpus, train,
 export the adapter of the evaluation step, the step log and the training curves.
 
-With more than one training GPU the rule's script starts this module under
-``accelerate launch --num_processes N`` (``python -m pwopsd.train_job args.json``); each process
-then trains on its share of every step's problems and the LoRA gradients are averaged.
+With more than one training GPU the rule's script starts this module under ``torchrun``
+(``torch.distributed.run --standalone --nproc_per_node N -m pwopsd.train_job args.json``): each
+process trains on its share of every step's problems and the LoRA gradients are averaged over
+the processes (NCCL on GPUs, gloo on CPU). The loop uses ``torch.distributed`` directly, so
+torchrun, which ships with torch and starts the same N processes on a CPU or a GPU node, is the
+launcher; every process checks that it runs in a world of the size the job asked for, and all of
+their output goes to the rule's log.
 """
 
 from __future__ import annotations
@@ -34,12 +38,30 @@ def _answer_checker():
     return check, pool
 
 
+class LaunchError(RuntimeError):
+    pass
+
+
+def check_world_size(expected: int, env: dict | None = None) -> int:
+    """The number of training processes, which must be the number the job asked for: a launcher
+    that silently starts fewer processes (an accelerate launch that sees no GPUs starts one) would
+    train on a fraction of every step's batch and exit 0."""
+    env = os.environ if env is None else env
+    world = int(env.get("WORLD_SIZE", "1"))
+    if world != int(expected):
+        raise LaunchError(f"training asked for {expected} processes but runs in a world of {world} "
+                          f"(WORLD_SIZE={env.get('WORLD_SIZE', 'unset')}): the launcher did not start the processes; "
+                          "check the job's visible GPUs (gpus.train of the model entry) and the launch command in the log")
+    return world
+
+
 def run(args: dict) -> None:
     import torch
 
     from .models import default_device, load_model, load_tokenizer, read_manifest
     from .training import Example, TrainConfig, Trainer, dist_info
 
+    check_world_size(int(args.get("processes", 1)))
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         import torch.distributed as dist
 
@@ -85,18 +107,34 @@ def export(work_dir: Path, eval_step: int, adapter_out: str, log_out: str) -> No
         shutil.copy2(work_dir / "train_log.jsonl", tmp)
 
 
-def launch(args: dict, processes: int, args_path: str | Path) -> None:
-    """Run in this process (one GPU or CPU) or under ``accelerate launch`` (several GPUs)."""
+def launch(args: dict, processes: int, args_path: str | Path, log_path: str | Path | None = None) -> None:
+    """Run in this process (one GPU or CPU) or as ``processes`` torchrun processes (several GPUs),
+    whose output, tracebacks included, is appended to ``log_path`` (the rule's log); a failure of
+    any process fails the job."""
+    args = {**args, "processes": max(1, int(processes))}
     if processes <= 1:
         run(args)
         return
     Path(args_path).write_text(json.dumps(args))
-    cmd = ["accelerate", "launch", "--num_processes", str(processes), "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "pwopsd.train_job", str(args_path)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
+           "-m", "pwopsd.train_job", str(args_path)]
     log.info("launching: %s", " ".join(cmd))
-    subprocess.run(cmd, check=True)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    with open(log_path or os.devnull, "a") as out:
+        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise LaunchError(f"training with {processes} processes failed (torchrun exit code {rc}); "
+                          f"every process's output is in {log_path or 'the job output'}")
+
+
+def main(argv: list[str]) -> None:
+    """A torchrun process: log with the rank, train, and let a crash reach the log and the exit code."""
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
+                        format=f"%(asctime)s %(levelname)s rank{rank} %(name)s: %(message)s")
+    run(json.loads(Path(argv[0]).read_text()))
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run(json.loads(Path(sys.argv[1]).read_text()))
+    main(sys.argv[1:])

@@ -1,4 +1,4 @@
-"""On-policy self-distillation training: one readable loop (nanoGPT style) on accelerate + peft.
+"""On-policy self-distillation training: one readable loop (nanoGPT style) on torch.distributed + peft.
 
 Each optimizer step:
 
@@ -67,6 +67,7 @@ class TrainConfig:
     rollout_batch_size: int = 64
     position_ids: str = "reference"  # reference (prompt-PAD gap kept) | contiguous
     reopold_t_switch: int = 50
+    gradient_checkpointing: bool = True  # the reference launchers' setting; memory only, values unchanged
 
     @property
     def rank_batch(self) -> int:
@@ -195,6 +196,13 @@ class Trainer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.answer_check = answer_check
         torch.manual_seed(cfg.seed)
+        if cfg.gradient_checkpointing:
+            # Non-reentrant checkpointing: works with frozen base weights (no input grads needed) and
+            # is active only in training mode, so rollouts (eval mode, KV cache) are unaffected.
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 (the old name is deprecated)
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                           target_modules=list(cfg.lora_targets), task_type="CAUSAL_LM", bias="none")
         self.model = get_peft_model(model, lora)

@@ -1,4 +1,4 @@
-"""Rule train: one model x method training run (accelerate launch when several GPUs are given)."""
+"""Rule train: one model x method training run (torchrun processes when several GPUs are given)."""
 
 from pathlib import Path
 
@@ -26,7 +26,8 @@ def main(snakemake):
         "adapter_out": snakemake.output.adapter,
         "log_out": snakemake.output.log,
     }
-    launch(args, processes=int(snakemake.resources.get("gpu", 0) or 0), args_path=work_dir.parent / "launch_args.json")
+    launch(args, processes=int(snakemake.resources.get("gpu", 0) or 0), args_path=work_dir.parent / "launch_args.json",
+           log_path=snakemake.log[0])
 
 
 if __name__ == "__main__":

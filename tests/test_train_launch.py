@@ -1,0 +1,122 @@
+"""Multi-process training as the train rule launches it: ``pwopsd.train_job.launch`` with 2
+processes starts torchrun (gloo on CPU) and the result equals one process doing the same
+micro-batches; a killed 2-process run resumes; only rank 0 writes checkpoints and the step log;
+every rank's output and a crashing rank's traceback reach the rule's log and fail the job; a run in
+a world of the wrong size refuses to train."""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import REPO
+from pwopsd.tiny.arithmetic import sample_problems
+from pwopsd.train_job import LaunchError, check_world_size, launch, run
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, random_tiny_model, tiny_tokenizer):
+    d = tmp_path_factory.mktemp("launch")
+    random_tiny_model.save_pretrained(d / "model")
+    tiny_tokenizer.save_pretrained(d / "model")
+    (d / "base.json").write_text(json.dumps({"model": "tiny", "path": str(d / "model")}))
+    problems = sample_problems(3, 64, [1, 2], 20)
+    pd.DataFrame({"problem": [p.problem for p in problems], "solution": [p.reference_solution() for p in problems],
+                  "answer": [str(p.answer) for p in problems]}).to_parquet(d / "corpus.parquet")
+    return d
+
+
+def _args(d, name, *, accumulation, steps=4, dtype="float32", **train):
+    cfg = dict(method="pwopsd", lora_r=4, lora_alpha=8, lr=1e-3, max_steps=steps, save_every=2, per_device_batch_size=2,
+               gradient_accumulation_steps=accumulation, max_completion_length=12, chunk_size=16, seed=7, **train)
+    (d / name).mkdir(exist_ok=True)
+    return {"manifest": str(d / "base.json"), "corpus": str(d / "corpus.parquet"), "train": cfg, "dtype": dtype,
+            "chat_template": {"add_special_tokens": False, "think_closure": True}, "work_dir": str(d / name / "work"),
+            "eval_step": steps, "adapter_out": str(d / name / "adapter"), "log_out": str(d / name / "train_log.jsonl")}
+
+
+def _adapter(args):
+    return load_file(os.path.join(args["adapter_out"], "adapter_model.safetensors"))
+
+
+def _launch_2(d, name, **kw):
+    args = _args(d, name, accumulation=2, **kw)
+    launch(args, processes=2, args_path=d / name / "args.json", log_path=d / name / "rule.log")
+    return args
+
+
+def test_two_processes_equal_one_process_with_the_same_micro_batches(base):
+    one = _args(base, "one", accumulation=4)  # 4 micro-batches of 2 in one process ...
+    launch(one, processes=1, args_path=base / "one" / "args.json", log_path=base / "one" / "rule.log")
+    two = _launch_2(base, "two")  # ... or 2 micro-batches of 2 on each of 2 processes
+    a, b = _adapter(one), _adapter(two)
+    assert a.keys() == b.keys() and a
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+    assert any(float(v.abs().max()) > 0 for k, v in b.items() if "lora_B" in k)  # the adapter moved
+    log_one = [json.loads(x) for x in open(one["log_out"])]
+    log_two = [json.loads(x) for x in open(two["log_out"])]
+    assert [x["step"] for x in log_two] == [1, 2, 3, 4]  # rank 0 alone writes the step log
+    for x, y in zip(log_one, log_two):
+        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4)
+    rule_log = (base / "two" / "rule.log").read_text()
+    assert "rank0" in rule_log and "rank1" in rule_log and "step 4/4" in rule_log  # both ranks log into the rule's log
+    ckpts = sorted(p.name for p in (base / "two" / "work").iterdir())
+    assert ckpts == ["step-000002", "step-000004", "train_log.jsonl"]
+
+
+def test_a_killed_two_process_run_resumes_to_the_same_adapter(base):
+    full = _launch_2(base, "full", steps=6)
+    args = _args(base, "killed", accumulation=2, steps=6)
+    (base / "killed" / "args.json").write_text(json.dumps(args))
+    code = ("import json, sys; from pwopsd.train_job import launch; "
+            f"launch(json.load(open({str(base / 'killed' / 'args.json')!r})), processes=2, "
+            f"args_path={str(base / 'killed' / 'launch.json')!r}, log_path={str(base / 'killed' / 'rule.log')!r})")
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    first = base / "killed" / "work" / "step-000002" / "trainer_state.pt"
+    deadline = time.time() + 300
+    while not first.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    # Kill the whole job as Slurm would (its cgroup): the launcher, torchrun and both ranks, which
+    # torchrun starts in sessions of their own.
+    tree = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(1)
+    assert not [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    done = sorted(p.name for p in (base / "killed" / "work").glob("step-*"))
+    assert first.exists() and "step-000006" not in done  # killed mid-run
+    launch(args, processes=2, args_path=base / "killed" / "launch.json", log_path=base / "killed" / "rule.log")
+    assert f"resumed from {base / 'killed' / 'work' / done[-1]} (step {int(done[-1][5:])})" in (base / "killed" / "rule.log").read_text()
+    a, b = _adapter(full), _adapter(args)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [json.loads(x)["step"] for x in open(args["log_out"])] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_crashing_rank_fails_the_job_with_its_traceback_in_the_rule_log(base):
+    args = _args(base, "crash", accumulation=2)
+    args["manifest"] = str(base / "missing.json")
+    with pytest.raises(LaunchError, match="training with 2 processes failed"):
+        launch(args, processes=2, args_path=base / "crash" / "args.json", log_path=base / "crash" / "rule.log")
+    text = (base / "crash" / "rule.log").read_text()
+    assert "Traceback" in text and "missing.json" in text and "FileNotFoundError" in text
+
+
+def test_a_world_of_the_wrong_size_refuses_to_train(base):
+    assert check_world_size(2, {"WORLD_SIZE": "2"}) == 2
+    with pytest.raises(LaunchError, match="asked for 2 processes but runs in a world of 1"):
+        run({**_args(base, "wrong", accumulation=2), "processes": 2})  # what a launcher that started one process gives
+    assert not (base / "wrong" / "work").exists()
