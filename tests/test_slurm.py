@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from conftest import REPO, run_snakemake
+from pwopsd.cluster import capped_runtimes
 from pwopsd.cost import parse_dry_run
 
 PROFILE = REPO / "profiles" / "slurm" / "profile.yaml"
@@ -34,24 +35,67 @@ def profile():
     return yaml.safe_load(PROFILE.read_text())
 
 
-def test_profile_resolves_from_the_repo_root_and_dry_runs_every_paper_target():
+def filled_profile(tmp_path, *, threads=None):
+    """The user's one-file edit: a copy of the profile with the CHANGE_ME values set."""
+    text = (PROFILE.read_text().replace("CHANGE_ME_ACCOUNT", "myacct").replace("CHANGE_ME_CPU_PARTITION", "cpu")
+            .replace("CHANGE_ME_GPU_PARTITION", "gpu"))
+    prof = yaml.safe_load(text)
+    if threads is not None:
+        prof["set-threads"] = {rule: threads for rule in prof["set-threads"]}
+    d = tmp_path / "slurm"
+    d.mkdir(parents=True)
+    (d / "profile.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
+    return d
+
+
+def test_profile_resolves_from_the_repo_root_and_dry_runs_every_paper_target(tmp_path):
     assert (REPO / "slurm").resolve() == PROFILE.parent.resolve()
-    proc = run_snakemake(["-n", "--profile", "slurm", *PAPER_TARGETS])
+    proc = run_snakemake(["-n", "--profile", str(filled_profile(tmp_path)), *PAPER_TARGETS])
     out = proc.stdout + proc.stderr
-    assert "Using profiles slurm" in out
-    jobs = [(job.rule, job.resources) for job in parse_dry_run(out)]
-    rules = {rule for rule, _ in jobs}
+    jobs = [(job.rule, job.resources, job.threads) for job in parse_dry_run(out)]
+    rules = {rule for rule, _, _ in jobs}
     assert GPU_RULES <= rules and {"grade", "merge_adapter", "viability_labels", "candidates"} <= rules
-    for rule, res in jobs:
-        assert res["slurm_account"] == "CHANGE_ME_ACCOUNT" and res["slurm_partition"] == "CHANGE_ME_PARTITION"
+    set_threads = profile()["set-threads"]
+    for rule, res, threads in jobs:
+        assert res["slurm_account"] == "myacct"
         if rule in GPU_RULES:
             expected = {"spines": 4, "forced_continuation": 4, "teacher_pass": 1, "mc_dropout": 1}.get(rule, 4)
             assert res.get("gpu") == str(expected) and res.get("gpu_model") == "h100", (rule, res)
             assert int(res["cpus_per_task"]) >= 8 and int(res["mem_mb"]) >= 128000
+            assert res["slurm_partition"] == "gpu", (rule, res)
         else:
             assert "gpu_model" not in res and res.get("gpu", "0") == "0", (rule, res)
-    runtimes = {rule: int(res["runtime"]) for rule, res in jobs}
+            assert res["slurm_partition"] == "cpu", (rule, res)  # CPU-only jobs to the CPU partition
+        # The threads the profile gives (= cpus_per_task), not this 2-core machine's count.
+        if rule in set_threads:
+            assert threads == set_threads[rule] == int(res["cpus_per_task"]), (rule, threads, res)
+    runtimes = {rule: int(res["runtime"]) for rule, res, _ in jobs}
     assert runtimes["train"] >= 600 and runtimes["generate"] >= 240 and runtimes["merge_adapter"] <= 120
+
+
+def test_runtimes_of_every_attempt_are_capped_at_the_partition_maximum():
+    prof = profile()
+    exprs = [("default", prof["default-resources"]["runtime"])]
+    exprs += [(rule, res["runtime"]) for rule, res in prof["set-resources"].items() if "runtime" in res]
+    cfg_max = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["cluster"]["max_runtime_min"]
+    for cap in (cfg_max, 600):
+        runtimes = capped_runtimes(exprs, attempts=3, max_runtime=cap)
+        assert all(max(r) <= cap for r in runtimes.values()), runtimes
+    assert capped_runtimes(exprs, 3, cfg_max)["train"] == [720, 1440, 2160]  # within 48 h
+    assert capped_runtimes(exprs, 3, 1440)["train"] == [720, 1440, 1440]
+
+
+def test_change_me_values_stop_the_run_before_any_job_naming_file_and_key(tmp_path):
+    work = tmp_path / "work"
+    shutil.copytree(REPO / "config", work / "config")
+    proc = run_snakemake(["--profile", "slurm", "--directory", str(work), "results/data/benchmarks/math500.parquet"],
+                         check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    for key in ("default-resources.slurm_account is CHANGE_ME_ACCOUNT", "default-resources.slurm_partition is "
+                "CHANGE_ME_CPU_PARTITION", "set-resources.generate.slurm_partition is CHANGE_ME_GPU_PARTITION"):
+        assert f"profiles/slurm/profile.yaml: {key}" in out, out[-2000:]
+    assert not (work / "results").exists() and not (work / "logs").exists()  # not even a local job ran
 
 
 def test_profile_names_only_existing_rules():
@@ -90,14 +134,9 @@ def fake_slurm_run(tiny_run, tmp_path_factory):
     config["models"]["tiny_qwen3"]["vllm"] = {"tensor_parallel_size": 2}
     (work / "config").mkdir()
     (work / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    prof_dir = tmp_path_factory.mktemp("profile") / "slurm"
-    prof_dir.mkdir()
-    text = PROFILE.read_text().replace("CHANGE_ME_ACCOUNT", "myacct").replace("CHANGE_ME_PARTITION", "gpu")
     # This machine has 2 cores, not a node's 32: one thread per job, or two concurrent jobs
     # oversubscribe the cores many times over (the sbatch flags come from set-resources).
-    prof = yaml.safe_load(text)
-    prof["set-threads"] = {rule: 1 for rule in prof["set-threads"]}
-    (prof_dir / "profile.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
+    prof_dir = filled_profile(tmp_path_factory.mktemp("profile"), threads=1)
     state = tmp_path_factory.mktemp("fake_slurm_state")
     env = {"PATH": f"{FAKE_BIN}{os.pathsep}{os.environ['PATH']}", "FAKE_SLURM_STATE": str(state),
            "FAKE_SLURM_FAIL_ONCE": "candidates"}
@@ -136,7 +175,7 @@ def test_sbatch_flags_gpus_only_on_gpu_rules(fake_slurm_run):
     expected_gpus = {"spines": 2, "forced_continuation": 2, "teacher_pass": 1, "mc_dropout": 1}
     for rule, lines in by_rule.items():
         for line in lines:
-            assert "-A myacct" in line and "-p gpu" in line, line
+            assert "-A myacct" in line and f"-p {'gpu' if rule in expected_gpus else 'cpu'}" in line, line
             assert re.search(r"--cpus-per-task=\d+", line), line
             gpus = re.findall(r"--gpus=(\S+)", line)
             if rule in expected_gpus:

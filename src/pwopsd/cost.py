@@ -49,10 +49,11 @@ class Job:
     wildcards: dict[str, str]
     gpus: int
     resources: dict[str, str] = field(default_factory=dict)
+    threads: int = 1
 
 
 def parse_dry_run(output: str) -> list[Job]:
-    """The jobs of a ``snakemake -n`` listing: rule, wildcards, resources (as printed) and GPUs."""
+    """The jobs of a ``snakemake -n`` listing: rule, wildcards, resources (as printed), GPUs, threads."""
     jobs = []
     for block in re.split(r"\n(?=(?:local)?rule \w+:)", output):
         m = re.match(r"(?:local)?rule (\w+):", block)
@@ -60,9 +61,10 @@ def parse_dry_run(output: str) -> list[Job]:
             continue
         wc = re.search(r"^\s+wildcards: (.*)$", block, re.M)
         res = re.search(r"^\s+resources: (.*)$", block, re.M)
+        threads = re.search(r"^\s+threads: (\d+)$", block, re.M)
         resources = dict(kv.split("=", 1) for kv in res.group(1).split(", ")) if res else {}
         jobs.append(Job(m.group(1), dict(kv.split("=", 1) for kv in wc.group(1).split(", ")) if wc else {},
-                        int(resources.get("gpu", 0)), resources))
+                        int(resources.get("gpu", 0)), resources, int(threads.group(1)) if threads else 1))
     return jobs
 
 

@@ -24,6 +24,23 @@ except cfgmod.ConfigError as exc:
 config.clear()
 config.update(_validated)
 
+# A run that submits to Slurm (--profile slurm): stop on the profile's CHANGE_ME placeholders before
+# any job (dry runs too: nothing is known yet about the executor while this file is read), give jobs
+# the threads the profile grants (not this login node's core count, which
+# `cores: all` of profiles/default would impose, also on how many jobs run at once) and cap
+# runtimes at the partition maximum.
+from pwopsd import cluster as clustermod
+
+_slurm_defaults = clustermod.resource_args(workflow.resource_settings.default_resources)
+if clustermod.submits_to_slurm(_slurm_defaults):
+    from snakemake.resources import Resource
+
+    _unset = clustermod.placeholder_problems(_slurm_defaults, workflow.resource_settings.overwrite_resources)
+    if _unset:
+        raise WorkflowError("the Slurm profile is not set up:\n  " + "\n  ".join(_unset))
+    workflow.global_resources["_cores"] = Resource("_cores", sys.maxsize)
+    clustermod.export_max_runtime(config["cluster"]["max_runtime_min"])
+
 MODELS = list(config["models"])
 HUB_MODELS = cfgmod.hub_models(config)
 BUILT_MODELS = cfgmod.built_models(config)

@@ -1,0 +1,55 @@
+"""Checks and settings for runs that submit to Slurm (``--profile slurm``), applied by the Snakefile
+before any job starts (rules use nothing from here).
+
+* :func:`submits_to_slurm`: a run whose default resources name a Slurm account is a cluster run.
+* :func:`placeholder_problems`: the profile's ``CHANGE_ME`` values, each named with its file and key,
+  so that a run with an unset account or partition stops before any job, local or remote.
+* :func:`export_max_runtime`: the partition's maximum runtime, which caps every runtime expression in
+  the profile (``min(... * attempt, $PWOPSD_MAX_RUNTIME_MIN)``), from ``cluster.max_runtime_min``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Mapping
+
+PROFILE = "profiles/slurm/profile.yaml"
+PLACEHOLDER = "CHANGE_ME"
+MAX_RUNTIME_ENV = "PWOPSD_MAX_RUNTIME_MIN"
+
+
+def resource_args(default_resources: Any) -> dict[str, str]:
+    """``name=value`` strings of Snakemake's default resources (``--default-resources``) as a dict."""
+    args = getattr(default_resources, "args", None) or []
+    return dict(a.split("=", 1) for a in args if "=" in a)
+
+
+def submits_to_slurm(defaults: Mapping[str, str]) -> bool:
+    return "slurm_account" in defaults or "slurm_partition" in defaults
+
+
+def placeholder_problems(defaults: Mapping[str, str], per_rule: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One message per resource still set to a ``CHANGE_ME`` placeholder."""
+    problems = [f"{PROFILE}: default-resources.{key} is {value}: set it for your cluster"
+                for key, value in sorted(defaults.items()) if PLACEHOLDER in str(value)]
+    for rule, resources in sorted(per_rule.items()):
+        for key, value in sorted(dict(resources).items()):
+            value = getattr(value, "raw", value)  # Snakemake keeps a profile expression's text as `raw`
+            if PLACEHOLDER in str(value):
+                problems.append(f"{PROFILE}: set-resources.{rule}.{key} is {value}: set it for your cluster")
+    return problems
+
+
+def export_max_runtime(minutes: int, env: dict | None = None) -> None:
+    env = os.environ if env is None else env
+    env[MAX_RUNTIME_ENV] = str(int(minutes))
+
+
+def capped_runtimes(expressions: Iterable[tuple[str, str]], attempts: int, max_runtime: int) -> dict[str, list[int]]:
+    """Runtime (minutes) of each rule's profile expression per attempt, as Snakemake evaluates it."""
+    out = {}
+    for rule, expr in expressions:
+        text = str(expr).replace(f"${MAX_RUNTIME_ENV}", str(max_runtime))
+        out[rule] = [int(eval(text, {"__builtins__": {"min": min, "max": max}}, {"attempt": a}))  # noqa: S307
+                     for a in range(1, attempts + 1)]
+    return out
