@@ -1,18 +1,18 @@
-"""The Slurm profile, tested without a cluster.
+"""The Slurm profile, and the workflow on a real Slurm.
 
-* `--profile slurm` resolves from the repository root and dry-runs every paper target, GPU rules
-  asking for `gpu_model=h100` with the model entry's GPU count, CPU rules for none;
+* `--profile slurm` resolves from the repository root and dry-runs every paper target: GPU rules
+  ask for `gpu_model=h100` with the model entry's GPU count on the GPU partition, CPU rules for
+  none on the CPU partition, each job with the threads the profile gives it (not this machine's
+  2 cores), runtimes capped at `cluster.max_runtime_min`; CHANGE_ME values stop a run before any
+  job, naming the file and key;
 * every rule named in the profile exists (Snakemake ignores unknown names silently);
-* the tiny workflow's diagnostic Phases A-E run through the real Slurm executor plugin with fake
-  `sbatch`/`sacct`/`srun`/... shims (tests/fakeslurm/bin) on PATH; the recorded sbatch calls
-  carry `--gpus=h100:N` on GPU rules only, `--cpus-per-task`, the account and partition, and a
-  job that fails is resubmitted with larger runtime and memory;
+* the tiny workflow's diagnostic Phases A-E run through the Slurm executor plugin on a real
+  single-node Slurm (tests/slurm/cluster.py: slurmctld, slurmd, slurmdbd + MariaDB, munge, fake
+  h100 GPUs): `sacct` records each job COMPLETED with its GPUs, partition and CPUs, and a job
+  that Slurm kills for its memory is resubmitted with the attempt-scaled limits;
 * `snakemake --lint` passes.
 """
 
-import os
-import re
-import shlex
 import shutil
 
 import pandas as pd
@@ -24,7 +24,6 @@ from pwopsd.cluster import capped_runtimes
 from pwopsd.cost import parse_dry_run
 
 PROFILE = REPO / "profiles" / "slurm" / "profile.yaml"
-FAKE_BIN = REPO / "tests" / "fakeslurm" / "bin"
 PAPER_TARGETS = ["results/tables/main_4b.tex", "results/tables/schedules_4b.tex", "results/tables/cross_model.tex",
                  "results/tables/ablation_4b.tex", "results/tables/branch_auroc.tex", "results/figures/branch_auroc.pdf",
                  "results/figures/pwopsd_schedules.pdf", "all"]
@@ -35,9 +34,9 @@ def profile():
     return yaml.safe_load(PROFILE.read_text())
 
 
-def filled_profile(tmp_path, *, threads=None):
+def filled_profile(tmp_path, *, threads=None, account="myacct"):
     """The user's one-file edit: a copy of the profile with the CHANGE_ME values set."""
-    text = (PROFILE.read_text().replace("CHANGE_ME_ACCOUNT", "myacct").replace("CHANGE_ME_CPU_PARTITION", "cpu")
+    text = (PROFILE.read_text().replace("CHANGE_ME_ACCOUNT", account).replace("CHANGE_ME_CPU_PARTITION", "cpu")
             .replace("CHANGE_ME_GPU_PARTITION", "gpu"))
     prof = yaml.safe_load(text)
     if threads is not None:
@@ -116,14 +115,30 @@ def test_lint_passes():
 
 
 @pytest.fixture(scope="module")
-def fake_slurm_run(tiny_run, tmp_path_factory):
-    """The tiny diagnostic's GPU and CPU phases (A-E) through the real Slurm executor on fake Slurm.
+def slurm_cluster(tmp_path_factory):
+    """A real single-node Slurm (tests/slurm/cluster.py), stopped after this module's tests."""
+    from slurm.cluster import SlurmCluster, SlurmUnavailable
 
-    The working directory starts from the finished tiny run without the diagnostic's outputs;
-    the tiny model entry asks for GPUs (2 for generation, 1 for forwards: the HF backend still
-    runs on the CPU), as a paper model would; the user's one-file edit of the profile (account,
-    partition) is applied to a copy, whose thread counts are set to 1 for this 2-core machine.
-    The first submission of `candidates` fails, as a job killed for its limits would.
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm_cluster"))
+    try:
+        cluster.start()
+    except SlurmUnavailable as exc:
+        pytest.skip(f"no test cluster on this machine: {exc}")
+    yield cluster
+    cluster.stop()
+    assert cluster.running() == []  # every daemon it started is gone
+
+
+@pytest.fixture(scope="module")
+def slurm_run(tiny_run, slurm_cluster, tmp_path_factory):
+    """The tiny diagnostic's GPU and CPU phases (A-E) through the Slurm executor on a real Slurm.
+
+    The working directory starts from the finished tiny run without the diagnostic's outputs; the
+    tiny model entry asks for GPUs (2 for generation, 1 for forwards: the HF backend still runs on
+    the CPU), as a paper model would. The profile is the user's one-file edit (account, partitions)
+    plus what a 2-CPU node can hold: one CPU and one thread per job, memory that fits. `candidates`
+    asks for too little memory on its first attempt, is killed by Slurm and is resubmitted with
+    the attempt-scaled limits.
     """
     source, _ = tiny_run
     work = tmp_path_factory.mktemp("slurm_work")
@@ -134,63 +149,62 @@ def fake_slurm_run(tiny_run, tmp_path_factory):
     config["models"]["tiny_qwen3"]["vllm"] = {"tensor_parallel_size": 2}
     (work / "config").mkdir()
     (work / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    # This machine has 2 cores, not a node's 32: one thread per job, or two concurrent jobs
-    # oversubscribe the cores many times over (the sbatch flags come from set-resources).
-    prof_dir = filled_profile(tmp_path_factory.mktemp("profile"), threads=1)
-    state = tmp_path_factory.mktemp("fake_slurm_state")
-    env = {"PATH": f"{FAKE_BIN}{os.pathsep}{os.environ['PATH']}", "FAKE_SLURM_STATE": str(state),
-           "FAKE_SLURM_FAIL_ONCE": "candidates"}
-    targets = [f"results/diagnostic/tiny_qwen3/{name}.parquet" for name in ("mc_dropout", "forced_continuations")]
-    proc = run_snakemake(["--profile", str(prof_dir), "--directory", str(work), *targets,
+    prof_dir = filled_profile(tmp_path_factory.mktemp("profile"), threads=1, account=slurm_cluster.account)
+    prof = yaml.safe_load((prof_dir / "profile.yaml").read_text())
+    prof["default-resources"]["cpus_per_task"] = 1
+    for rule, res in prof["set-resources"].items():
+        res.update(cpus_per_task=1, mem_mb="3000 * attempt")
+    prof["set-resources"]["candidates"]["mem_mb"] = "200 * attempt ** 4"  # 200 MB: killed; then 3200 MB
+    (prof_dir / "profile.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
+    proc = run_snakemake(["--profile", str(prof_dir), "--directory", str(work), *DIAGNOSTIC_TARGETS,
                           "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "2"],
-                         env=env, check=False)
-    calls = [shlex.split(line) for line in (state / "sbatch_calls.log").read_text().splitlines()] \
-        if (state / "sbatch_calls.log").exists() else []
-    return work, state, proc, calls
+                         env={"SLURM_CONF": str(slurm_cluster.conf)}, check=False)
+    return work, proc, slurm_cluster.jobs()
 
 
-def sbatch_by_rule(calls):
+DIAGNOSTIC_TARGETS = [f"results/diagnostic/tiny_qwen3/{name}.parquet" for name in ("mc_dropout", "forced_continuations")]
+
+
+def jobs_by_rule(jobs):
     out = {}
-    for args in calls:
-        comment = args[args.index("--comment") + 1]
-        out.setdefault(comment.removeprefix("rule_").split("_wildcards_")[0], []).append(" ".join(args))
+    for job in sorted(jobs, key=lambda j: int(j["jobid"])):
+        out.setdefault(job["comment"].removeprefix("rule_").split("_wildcards_")[0], []).append(job)
     return out
 
 
 @pytest.mark.workflow
-def test_tiny_diagnostic_runs_through_the_slurm_executor(fake_slurm_run):
-    work, state, proc, calls = fake_slurm_run
+def test_tiny_diagnostic_runs_through_a_real_slurm(slurm_run):
+    work, proc, jobs = slurm_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     mc = pd.read_parquet(work / "results/diagnostic/tiny_qwen3/mc_dropout.parquet")
     cont = pd.read_parquet(work / "results/diagnostic/tiny_qwen3/forced_continuations.parquet")
     assert len(mc) > 0 and len(cont) == 18 * len(mc)
-    assert set(sbatch_by_rule(calls)) == {"spines", "teacher_pass", "candidates", "mc_dropout", "forced_continuation"}
-    assert not (state / "srun_calls.log").read_text().count("--gpus=h100")  # inner srun gets a plain count
+    by_rule = jobs_by_rule(jobs)
+    assert set(by_rule) == {"spines", "teacher_pass", "candidates", "mc_dropout", "forced_continuation"}
+    assert all(runs[-1]["state"] == "COMPLETED" and runs[-1]["exit"] == "0:0" for runs in by_rule.values()), by_rule
 
 
 @pytest.mark.workflow
-def test_sbatch_flags_gpus_only_on_gpu_rules(fake_slurm_run):
-    _, state, _, calls = fake_slurm_run
-    by_rule = sbatch_by_rule(calls)
+def test_gpus_partitions_and_cpus_reach_slurm_per_rule(slurm_run):
+    _, _, jobs = slurm_run
     expected_gpus = {"spines": 2, "forced_continuation": 2, "teacher_pass": 1, "mc_dropout": 1}
-    for rule, lines in by_rule.items():
-        for line in lines:
-            assert "-A myacct" in line and f"-p {'gpu' if rule in expected_gpus else 'cpu'}" in line, line
-            assert re.search(r"--cpus-per-task=\d+", line), line
-            gpus = re.findall(r"--gpus=(\S+)", line)
+    for rule, runs in jobs_by_rule(jobs).items():
+        for job in runs:
+            assert job["account"] == "pwopsd" and "cpu=1" in job["tres"], job
             if rule in expected_gpus:
-                assert gpus == [f"h100:{expected_gpus[rule]}"], line
+                assert f"gres/gpu:h100={expected_gpus[rule]}" in job["tres"] and job["partition"] == "gpu", job
+                # the job's step (Snakemake's inner srun) holds the same GPUs
+                assert any(f"gres/gpu={expected_gpus[rule]}" in step for step in job["steps"]), job
             else:
-                assert gpus == [], line
-    assert "--cpus-per-task=32" in by_rule["spines"][0] and "--cpus-per-task=8" in by_rule["mc_dropout"][0]
-    assert "--cpus-per-task=2" in by_rule["candidates"][0]
-    srun = (state / "srun_calls.log").read_text()
-    assert "--gpus=2" in srun and "--gpus=1" in srun
+                assert "gres/gpu" not in job["tres"] and job["partition"] == "cpu", job
 
 
 @pytest.mark.workflow
-def test_failed_job_is_resubmitted_with_larger_limits(fake_slurm_run):
-    _, _, proc, calls = fake_slurm_run
-    first, second = sbatch_by_rule(calls)["candidates"]
-    assert "-t 30" in first and "--mem 32000" in first
-    assert "-t 60" in second and "--mem 64000" in second
+def test_a_job_killed_for_its_memory_is_resubmitted_with_larger_limits(slurm_run):
+    work, proc, jobs = slurm_run
+    first, second = jobs_by_rule(jobs)["candidates"]
+    assert first["state"] in ("FAILED", "OUT_OF_MEMORY") and first["reqmem"] == "200M" and first["timelimit"] == "00:30:00"
+    slurm_log = (work / "logs" / "slurm" / "rule_candidates" / "tiny_qwen3" / f"{first['jobid']}.log").read_text()
+    assert "exceeded job memory limit" in slurm_log.lower()  # Slurm killed it, as a cluster would
+    assert second["state"] == "COMPLETED" and second["reqmem"] == "3200M" and second["timelimit"] == "01:00:00"
+    assert "Error in rule candidates" in proc.stdout + proc.stderr  # reported failed, then retried
