@@ -115,18 +115,24 @@ def test_lint_passes():
 
 
 @pytest.fixture(scope="module")
-def slurm_cluster(tmp_path_factory):
-    """A real single-node Slurm (tests/slurm/cluster.py), stopped after this module's tests."""
+def slurm_cluster():
+    """A real single-node Slurm (tests/slurm/cluster.py), stopped after this module's tests. Its
+    folder is outside pytest's private temporary folders: the munge, mysql and slurm users reach it."""
+    import tempfile
+
     from slurm.cluster import SlurmCluster, SlurmUnavailable
 
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm_cluster"))
+    root = tempfile.mkdtemp(prefix="pwopsd-slurm-")
+    cluster = SlurmCluster(root)
     try:
         cluster.start()
     except SlurmUnavailable as exc:
+        shutil.rmtree(root, ignore_errors=True)
         pytest.skip(f"no test cluster on this machine: {exc}")
     yield cluster
     cluster.stop()
     assert cluster.running() == []  # every daemon it started is gone
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -74,6 +74,11 @@ class SlurmCluster:
 
     def start(self, timeout: float = 60) -> None:
         ensure_packages()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o755)
+        closed = [str(p) for p in [self.root, *self.root.parents] if not os.stat(p).st_mode & 0o001]
+        if closed:  # munged, mariadbd and slurmdbd run as their own users and must reach their files
+            raise RuntimeError(f"the cluster's folder {self.root} is not reachable by other users ({closed[0]})")
         for sub in ("etc", "log", "run", "ctld", "spool", "dev", "mysql"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         for sub in ("log", "run"):  # written by daemons running as slurm and mysql
