@@ -70,6 +70,16 @@ MISTAKES = [
     ("diagnostic labels", ["diagnostic", "labels", "v_low"], 0.9, False, "diagnostic.labels.v_low", "must not exceed"),
     ("diagnostic unknown key", ["diagnostic", "candidates", "spaceing"], 64, False, "diagnostic.candidates.spaceing", "unknown key"),
     ("diagnostic schedule", ["diagnostic", "figure", "schedule"], "pwopsd_gentle", False, "diagnostic.figure.schedule", "not a configured method"),
+    ("w_min above 1", ["methods", "pwopsd_moderate", "params", "w_min"], 1.5, False, "methods.pwopsd_moderate.params.w_min", "maximum"),
+    ("tau above 1", ["methods", "pwopsd_moderate", "params", "tau"], 2, False, "methods.pwopsd_moderate.params.tau", "maximum"),
+    ("s zero", ["methods", "pwopsd_moderate", "params", "s"], 0, False, "methods.pwopsd_moderate.params.s", "minimum"),
+    ("reduction typo", ["methods", "pwopsd_moderate", "params", "reduction"], "globl", False, "methods.pwopsd_moderate.params.reduction", "is not one of"),
+    ("renamed loss key", ["methods", "pwopsd_moderate", "params", "wmin"], 0.2, False, "methods.pwopsd_moderate.params.wmin", "unknown key"),
+    ("opsd takes no params", ["methods", "opsd", "params"], {"w_min": 0.5}, False, "methods.opsd.params.w_min", "unknown key"),
+    ("eopd top_k", ["methods", "eopd", "params", "top_k"], 0, False, "methods.eopd.params.top_k", "minimum"),
+    ("reopold lam", ["methods", "reopold", "params", "lam"], 0, False, "methods.reopold.params.lam", "minimum"),
+    ("duplicate table output", ["tables", "schedules", "output"], "main_4b", False, "tables.schedules.output", "already the output of tables.main"),
+    ("max runtime", ["cluster", "max_runtime_min"], 0, False, "cluster.max_runtime_min", "minimum"),
 ]
 
 
@@ -112,3 +122,35 @@ def test_snakemake_stops_before_any_job_on_bad_config(tmp_path):
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
     assert "models.qwen3_4b.dtype" in out and "Traceback" not in out, out
+
+
+def test_every_training_and_method_key_reaches_the_trainer(paper):
+    """Each `training.*` key and each method key either becomes a TrainConfig field of the run or is
+    used by name elsewhere (listed here with where): none is validated and then dropped."""
+    from dataclasses import fields
+
+    from pwopsd.config import load_schema, training_config
+    from pwopsd.training import TrainConfig
+
+    used_elsewhere = {"eval_step": "rule train/merge_adapter params (the evaluated adapter)",
+                      "effective_batch": "checked against models.*.train x gpus.train",
+                      "models": "which models are trained (trained_models)"}
+    schema = load_schema()
+    cfg = validate_config(paper)
+    run = training_config(cfg, "qwen3_4b", "pwopsd_moderate")
+    assert set(run) <= {f.name for f in fields(TrainConfig)}  # the trainer accepts every key
+    renamed = {"lora": ["lora_r", "lora_alpha", "lora_dropout", "lora_targets"]}
+    for key in schema["properties"]["training"]["properties"]:
+        if key in used_elsewhere:
+            continue
+        for name in renamed.get(key, [key]):
+            assert name in run, f"training.{key} does not reach the trainer"
+    method = schema["properties"]["methods"]["additionalProperties"]["properties"]
+    into = {"loss": "method", "params": "loss", "t_switch": "reopold_t_switch"}
+    assert set(method) - {"label"} == set(into)  # label: display name in tables
+    assert all(into[k] in run for k in into)
+    tweaked = copy.deepcopy(cfg)
+    tweaked["training"].update(chunk_size=7, rollout_batch_size=9)
+    tweaked["methods"]["pwopsd_moderate"]["t_switch"] = 3
+    got = training_config(tweaked, "qwen3_4b", "pwopsd_moderate")
+    assert (got["chunk_size"], got["rollout_batch_size"], got["reopold_t_switch"]) == (7, 9, 3)

@@ -83,6 +83,36 @@ def test_missing_file_column_and_rowcount_errors(tmp_path):
         prepare_dataset({"source": {"kind": "local", "path": str(path)}, "expected_rows": 31}, "benchmarks.x")
 
 
+@pytest.mark.parametrize("column,value,words", [
+    ("answer", None, "is null"), ("answer", float("nan"), "is null"), ("problem", None, "is null"),
+    ("answer", "  ", "is empty"), ("answer", [1, 2], "is not a scalar"), ("problem", {"a": 1}, "is not a scalar")])
+def test_null_empty_and_nested_cells_are_rejected_naming_file_row_and_column(tmp_path, column, value, words):
+    rows = [{"id": f"p{i}", "problem": f"Compute {i}.", "answer": str(i)} for i in range(3)]
+    rows[1][column] = value
+    path = tmp_path / "bench.jsonl"
+    pd.DataFrame(rows).to_json(path, orient="records", lines=True)
+    with pytest.raises(DataError) as info:
+        prepare_dataset({"source": {"kind": "local", "path": str(path)}}, "benchmarks.x")
+    msg = str(info.value)
+    assert f"benchmarks.x: file {path}, row 1 (id 'p1'), column '{column}' ({column}) {words}" in msg, msg
+
+
+def test_a_benchmark_without_rows_is_rejected(tmp_path):
+    path = tmp_path / "empty.parquet"
+    pd.DataFrame({"id": pd.Series([], dtype=str), "problem": pd.Series([], dtype=str),
+                  "answer": pd.Series([], dtype=str)}).to_parquet(path)
+    with pytest.raises(DataError, match=rf"benchmarks\.x: file {path} has no rows"):
+        prepare_dataset({"source": {"kind": "local", "path": str(path)}}, "benchmarks.x")
+
+
+def test_integer_answers_stay_exact(tmp_path):
+    path = tmp_path / "ints.jsonl"
+    pd.DataFrame([{"id": "a", "problem": "p", "answer": 204}, {"id": "b", "problem": "q", "answer": 7}]).to_json(
+        path, orient="records", lines=True)
+    df, _ = prepare_dataset({"source": {"kind": "local", "path": str(path)}}, "benchmarks.x")
+    assert df["answer"].tolist() == ["204", "7"]
+
+
 def test_hub_source_offline_fails_with_the_dataset_named(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     entry = {"source": {"kind": "hf", "dataset": "HuggingFaceH4/aime_2024", "split": "train",

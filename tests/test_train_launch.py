@@ -1,16 +1,19 @@
-"""Multi-process training as the train rule launches it: ``pwopsd.train_job.launch`` with 2
-processes starts torchrun (gloo on CPU) and the result equals one process doing the same
-micro-batches; a killed 2-process run resumes; only rank 0 writes checkpoints and the step log;
-every rank's output and a crashing rank's traceback reach the rule's log and fail the job; a run in
-a world of the wrong size refuses to train."""
+"""Training as the train rule launches it: ``pwopsd.train_job.launch`` with 2 processes starts
+torchrun (gloo on CPU) and the result equals one process doing the same micro-batches; a killed
+2-process run resumes; only rank 0 writes checkpoints and the step log; every rank's output and a
+crashing rank's traceback reach the rule's log and fail the job; a run in a world of the wrong
+size refuses to train; checkpoints are reused only by exactly the same run."""
 
 import contextlib
 import json
+import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import psutil
@@ -20,7 +23,7 @@ from safetensors.torch import load_file
 
 from conftest import REPO
 from pwopsd.tiny.arithmetic import sample_problems
-from pwopsd.train_job import LaunchError, check_world_size, launch, run
+from pwopsd.train_job import LaunchError, check_world_size, checkpoint_dir, launch, run
 
 pytestmark = pytest.mark.slow
 
@@ -120,3 +123,46 @@ def test_a_world_of_the_wrong_size_refuses_to_train(base):
     with pytest.raises(LaunchError, match="asked for 2 processes but runs in a world of 1"):
         run({**_args(base, "wrong", accumulation=2), "processes": 2})  # what a launcher that started one process gives
     assert not (base / "wrong" / "work").exists()
+
+
+def test_checkpoints_are_keyed_by_everything_that_determines_the_run(base, tmp_path, caplog):
+    shutil.copytree(base / "model", tmp_path / "model")
+    manifest = {"model": "tiny", "path": str(tmp_path / "model")}
+    (tmp_path / "base.json").write_text(json.dumps(manifest))
+    shutil.copy(base / "corpus.parquet", tmp_path / "corpus.parquet")
+    args = {**_args(base, "keyed", accumulation=2, steps=2), "manifest": str(tmp_path / "base.json"),
+            "corpus": str(tmp_path / "corpus.parquet")}
+    root = tmp_path / "checkpoints"
+
+    def train(a):
+        a = {**a, "work_dir": str(checkpoint_dir(root, a))}
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="pwopsd.training"):
+            launch(a, processes=1, args_path=tmp_path / "args.json")
+        return Path(a["work_dir"]), caplog.text
+
+    first, _ = train(args)
+    again, text = train(args)  # unchanged inputs: the same folder, resumed at its last step
+    assert again == first and "resumed from" in text and "(step 2)" in text
+    variants = {"setting": {**args, "train": {**args["train"], "lr": 2e-3}}, "dtype": {**args, "dtype": "bfloat16"},
+                "prompt switch": {**args, "chat_template": {**args["chat_template"], "think_closure": False}}}
+    keys = {name: checkpoint_dir(root, a) for name, a in variants.items()}
+    corpus = pd.read_parquet(tmp_path / "corpus.parquet")
+    corpus.iloc[::-1].to_parquet(tmp_path / "corpus.parquet")  # same rows, another order: other batches
+    keys["corpus content"] = checkpoint_dir(root, args)
+    corpus.to_parquet(tmp_path / "corpus.parquet")
+    assert checkpoint_dir(root, args) == first
+    weights = tmp_path / "model" / "model.safetensors"
+    original = weights.read_bytes()
+    weights.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))  # a rebuilt base model
+    keys["base model content"] = checkpoint_dir(root, args)
+    retrained, text = train(args)
+    assert retrained == keys["base model content"] and "resumed from" not in text  # restarts from step 0
+    assert [json.loads(x)["step"] for x in open(retrained / "train_log.jsonl")] == [1, 2]
+    weights.write_bytes(original)
+    hub = {"model": "m", "hf_id": "org/m", "revision": "a" * 40, "path": str(tmp_path / "model"), "files_sha256": {"w": "1"}}
+    (tmp_path / "hub.json").write_text(json.dumps(hub))
+    keys["hub model"] = checkpoint_dir(root, {**args, "manifest": str(tmp_path / "hub.json")})
+    (tmp_path / "hub.json").write_text(json.dumps({**hub, "revision": "b" * 40}))
+    keys["hub revision"] = checkpoint_dir(root, {**args, "manifest": str(tmp_path / "hub.json")})
+    assert len({first, *keys.values()}) == len(keys) + 1, keys  # every change, its own folder

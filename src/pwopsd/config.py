@@ -63,8 +63,10 @@ def _fill_defaults(instance: Any, schema: dict, root: dict) -> None:
     for sub in schema.get("allOf", []):
         cond = sub.get("if")
         if cond is not None and isinstance(instance, dict):
-            kind = cond.get("properties", {}).get("kind", {}).get("const")
-            if kind is not None and instance.get("kind") == kind:
+            # `if: {properties: {<key>: {const: <value>}}}` branches (source kind, loss): fill the
+            # matching branch's defaults.
+            consts = {k: v["const"] for k, v in cond.get("properties", {}).items() if isinstance(v, dict) and "const" in v}
+            if consts and all(instance.get(k) == v for k, v in consts.items()):
                 _fill_defaults(instance, sub.get("then", {}), root)
     if not isinstance(instance, dict):
         return
@@ -144,6 +146,13 @@ def _semantic_problems(cfg: dict) -> list[str]:
     for i, model in enumerate(tables.get("cross_model", {}).get("models", [])):
         if model not in cfg["models"]:
             problems.append(f"tables.cross_model.models.{i}: {model!r} is not a configured model")
+    seen_outputs: dict[str, str] = {}
+    for kind, spec in tables.items():
+        if isinstance(spec, dict) and "output" in spec:
+            if spec["output"] in seen_outputs:
+                problems.append(f"tables.{kind}.output: {spec['output']!r} is already the output of "
+                                f"tables.{seen_outputs[spec['output']]} (each table needs its own file)")
+            seen_outputs.setdefault(spec["output"], kind)
     if tables and "training" not in cfg:
         problems.append("tables: needs a 'training' section (the tables compare trained methods)")
     diag = cfg.get("diagnostic")
@@ -293,6 +302,8 @@ def training_config(cfg: dict, model: str, method: str) -> dict:
         "max_completion_length": tr["max_completion_length"],
         "position_ids": tr["position_ids"],
         "gradient_checkpointing": tr["gradient_checkpointing"],
+        "chunk_size": tr["chunk_size"],
+        "rollout_batch_size": tr["rollout_batch_size"],
     }
 
 

@@ -105,20 +105,44 @@ def load_tiny(source: dict) -> tuple[pd.DataFrame, dict]:
     return frame, {"kind": "tiny", **{k: source[k] for k in sorted(source) if k != "kind"}}
 
 
-def normalize(df: pd.DataFrame, columns: dict, key: str) -> pd.DataFrame:
-    """Rename mapped columns to ``id, problem, answer[, solution]``; keep other fields after them."""
+def text_cells(values: pd.Series, key: str, field: str, column: str, where: str, ids: list | None = None) -> list[str]:
+    """The cells of a text field as strings. A null (None, NaN, NA), a nested value (list, dict,
+    array) or an empty string is a :class:`DataError` naming the source, the row and the column:
+    ``str()`` would silently turn them into golds such as ``'nan'`` or prompts such as ``'None'``."""
+    out = []
+    for i, v in enumerate(values.tolist()):
+        row = f"row {i}" + (f" (id {ids[i]!r})" if ids is not None else "")
+        if isinstance(v, (list, tuple, dict, set)) or hasattr(v, "shape"):
+            raise DataError(f"{key}: {where}, {row}, column {column!r} ({field}) is not a scalar: {str(v)[:80]!r}")
+        if v is None or (not isinstance(v, str) and bool(pd.isna(v))):
+            raise DataError(f"{key}: {where}, {row}, column {column!r} ({field}) is null")
+        text = str(v)
+        if not text.strip():
+            raise DataError(f"{key}: {where}, {row}, column {column!r} ({field}) is empty")
+        out.append(text)
+    return out
+
+
+def normalize(df: pd.DataFrame, columns: dict, key: str, where: str = "the source") -> pd.DataFrame:
+    """Rename mapped columns to ``id, problem, answer[, solution]``; keep other fields after them.
+    ``where`` names the source (file, Hub dataset) in error messages."""
     mapping = {"id": columns.get("id", "id"), "problem": columns.get("problem", "problem"),
                "answer": columns.get("answer", "answer"), "solution": columns.get("solution")}
     available = list(df.columns)
     for field, col in mapping.items():
         if col is not None and col not in df.columns:
             raise DataError(f"{key}.columns.{field}: column {col!r} not in the source (available: {', '.join(map(str, available))})")
+    if len(df) == 0:
+        raise DataError(f"{key}: {where} has no rows")
     out = pd.DataFrame()
-    out["id"] = df[mapping["id"]].astype(str) if mapping["id"] is not None else [str(i) for i in range(len(df))]
-    out["problem"] = df[mapping["problem"]].astype(str)
-    out["answer"] = df[mapping["answer"]].map(lambda a: "" if a is None else str(a))
-    if mapping["solution"] is not None:
-        out["solution"] = df[mapping["solution"]].astype(str)
+    if mapping["id"] is not None:
+        out["id"] = text_cells(df[mapping["id"]], key, "id", mapping["id"], where)
+    else:
+        out["id"] = [str(i) for i in range(len(df))]
+    ids = list(out["id"])
+    for field in ("problem", "answer", "solution"):
+        if mapping[field] is not None:
+            out[field] = text_cells(df[mapping[field]], key, field, mapping[field], where, ids)
     used = {c for c in mapping.values() if c is not None}
     for col in df.columns:
         if col not in used and col not in out.columns:
@@ -130,8 +154,6 @@ def normalize(df: pd.DataFrame, columns: dict, key: str) -> pd.DataFrame:
     if out["id"].duplicated().any():
         dup = out.loc[out["id"].duplicated(), "id"].iloc[0]
         raise DataError(f"{key}.columns.id: ids are not unique (e.g. {dup!r})")
-    if (out["problem"].str.strip() == "").any():
-        raise DataError(f"{key}: {int((out['problem'].str.strip() == '').sum())} rows have an empty problem")
     return out
 
 
@@ -147,11 +169,11 @@ def prepare_dataset(entry: dict, key: str, hub: dict | None = None, base_dir: st
         raw, prov = load_tiny(source)
     else:  # the schema rejects this first
         raise DataError(f"{key}.source.kind: unknown kind {kind!r}")
-    df = normalize(raw, entry.get("columns", {}), key)
+    where = {"local": f"file {source.get('path')}", "hf": f"Hub dataset {source.get('dataset')} (split {source.get('split')})",
+             "tiny": "the tiny generator"}.get(kind, "the source")
+    df = normalize(raw, entry.get("columns", {}), key, where)
     expected = entry.get("expected_rows")
     if expected is not None and len(df) != expected:
         raise DataError(f"{key}.expected_rows: expected {expected} rows, the source has {len(df)}")
-    if (df["answer"].str.strip() == "").any():
-        raise DataError(f"{key}: {int((df['answer'].str.strip() == '').sum())} rows have an empty answer")
     manifest = {"name": key.split(".")[-1], "rows": len(df), "columns": list(df.columns), "source": prov}
     return df, manifest

@@ -16,6 +16,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
+def fingerprint(obj: Any) -> str:
+    """A short hash of a JSON-able description of everything that determines a result: names the
+    folders of reusable partial work (generation shards, training checkpoints)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
     """SHA-256 hex digest of a file, read in chunks."""
     h = hashlib.sha256()

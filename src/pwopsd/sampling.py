@@ -9,8 +9,6 @@ atomically at the end.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import shutil
 import time
@@ -22,7 +20,7 @@ import pandas as pd
 
 from . import prompts
 from .generation import Backend, GenerationRequest
-from .io import write_parquet
+from .io import fingerprint, write_parquet
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +75,6 @@ def eval_prompt_ids(tokenizer, problems: Sequence[str], *, enable_thinking: bool
         prompts.prompt_ids(tokenizer, prompts.eval_message(p), style, add_special_tokens=add_special_tokens)
         for p in problems
     ]
-
-
-def fingerprint(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def partial_dir(output: str | Path, key: Any) -> Path:

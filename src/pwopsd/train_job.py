@@ -42,6 +42,50 @@ class LaunchError(RuntimeError):
     pass
 
 
+# Modules whose code decides what a training step computes: a change restarts runs rather than
+# resuming them with a mix of two versions.
+TRAINING_MODULES = ("training", "chunked", "losses", "prompts", "generation/hf_backend", "train_job")
+
+
+def model_identity(manifest: dict) -> dict:
+    """What determines a base checkpoint's weights: for a Hub model its id, pinned revision and the
+    files' checksums recorded at fetch; for a built or local one the SHA-256 of its files."""
+    from .io import sha256_file
+
+    if manifest.get("files_sha256"):
+        return {"hf_id": manifest.get("hf_id"), "revision": manifest.get("revision"), "files": manifest["files_sha256"]}
+    root = Path(manifest["path"])
+    if not root.is_dir():
+        raise FileNotFoundError(f"model {manifest.get('model')}: checkpoint directory {root} does not exist")
+    return {"files": {str(f.relative_to(root)): sha256_file(f) for f in sorted(root.rglob("*")) if f.is_file()}}
+
+
+def run_key(args: dict) -> dict:
+    """Everything that determines a training run: its settings and the method's, prompt switches,
+    dtype, the base model's identity and content, the corpus's content, the library versions and
+    the training code. The checkpoint folder is named by its hash, so a run resumes only from
+    checkpoints of exactly the same run."""
+    import hashlib
+
+    from .io import sha256_file
+    from .models import read_manifest
+    from .runtime import versions
+
+    package = Path(__file__).resolve().parent
+    code = hashlib.sha256(b"".join((package / f"{m}.py").read_bytes() for m in TRAINING_MODULES)).hexdigest()
+    libs = versions()
+    return {"train": args["train"], "dtype": args["dtype"], "chat_template": args["chat_template"],
+            "base_model": model_identity(read_manifest(args["manifest"])), "corpus_sha256": sha256_file(args["corpus"]),
+            "versions": {k: libs.get(k) for k in ("torch", "transformers", "peft")}, "code_sha256": code}
+
+
+def checkpoint_dir(work_root: str | Path, args: dict) -> Path:
+    """The run's checkpoint folder under ``work_root``: one per :func:`run_key`."""
+    from .io import fingerprint
+
+    return Path(work_root) / fingerprint(run_key(args))
+
+
 def check_world_size(expected: int, env: dict | None = None) -> int:
     """The number of training processes, which must be the number the job asked for: a launcher
     that silently starts fewer processes (an accelerate launch that sees no GPUs starts one) would

@@ -1,7 +1,9 @@
 # Training (one job per model x method), merging the evaluation-step adapter into a standalone
 # checkpoint, and the training curves. Checkpoints every `training.save_every` steps go to a
-# working directory keyed by the run's settings (not a declared output), so a killed or preempted
-# job resumes from its last checkpoint.
+# working directory (not a declared output) keyed by everything that determines the run: settings,
+# base model content or pinned revision, corpus content, prompt switches, dtype, library versions
+# and training code (pwopsd.train_job.run_key). A killed or preempted job resumes from its last
+# checkpoint; a changed input restarts from step 0.
 
 
 rule train:

@@ -1,31 +1,29 @@
 """Rule train: one model x method training run (torchrun processes when several GPUs are given)."""
 
-from pathlib import Path
-
 from pwopsd.runtime import set_threads, setup_logging
-from pwopsd.sampling import fingerprint
 from pwopsd.standalone import standalone_snakemake
-from pwopsd.train_job import launch
+from pwopsd.train_job import checkpoint_dir, launch
 
 
 def main(snakemake):
     setup_logging(snakemake.log[0])
     set_threads(snakemake.threads)
     p = snakemake.params
-    # Checkpoints of a run live under a directory keyed by its settings: a changed setting never
-    # resumes from a stale checkpoint.
-    work_dir = Path(p.work_root) / fingerprint({"train": p.train, "model": snakemake.input.model})
     args = {
         "manifest": snakemake.input.model,
         "corpus": snakemake.input.corpus,
         "train": p.train,
         "dtype": p.dtype,
         "chat_template": p.chat_template,
-        "work_dir": str(work_dir),
         "eval_step": p.eval_step,
         "adapter_out": snakemake.output.adapter,
         "log_out": snakemake.output.log,
     }
+    # Checkpoints of a run live in a folder keyed by everything that determines the run (settings,
+    # base model content, corpus content, prompt switches, dtype, library versions, training code):
+    # a resumed run never continues from a checkpoint of a different one.
+    work_dir = checkpoint_dir(p.work_root, args)
+    args["work_dir"] = str(work_dir)
     launch(args, processes=int(snakemake.resources.get("gpu", 0) or 0), args_path=work_dir.parent / "launch_args.json",
            log_path=snakemake.log[0])
 
