@@ -78,6 +78,10 @@ MISTAKES = [
     ("opsd takes no params", ["methods", "opsd", "params"], {"w_min": 0.5}, False, "methods.opsd.params.w_min", "unknown key"),
     ("eopd top_k", ["methods", "eopd", "params", "top_k"], 0, False, "methods.eopd.params.top_k", "minimum"),
     ("reopold lam", ["methods", "reopold", "params", "lam"], 0, False, "methods.reopold.params.lam", "minimum"),
+    ("branch as model revision", ["models", "qwen3_4b", "revision"], "main", False, "models.qwen3_4b.revision", "does not match"),
+    ("short model revision", ["models", "qwen3_4b", "revision"], "1cfa9a7", False, "models.qwen3_4b.revision", "does not match"),
+    ("missing model revision", ["models", "qwen3_4b", "revision"], None, True, "models.qwen3_4b.revision", "required for a Hub model"),
+    ("branch as dataset revision", ["benchmarks", "math500", "source", "revision"], "main", False, "benchmarks.math500.source.revision", "does not match"),
     ("duplicate table output", ["tables", "schedules", "output"], "main_4b", False, "tables.schedules.output", "already the output of tables.main"),
     ("max runtime", ["cluster", "max_runtime_min"], 0, False, "cluster.max_runtime_min", "minimum"),
 ]
@@ -154,3 +158,22 @@ def test_every_training_and_method_key_reaches_the_trainer(paper):
     tweaked["methods"]["pwopsd_moderate"]["t_switch"] = 3
     got = training_config(tweaked, "qwen3_4b", "pwopsd_moderate")
     assert (got["chunk_size"], got["rollout_batch_size"], got["reopold_t_switch"]) == (7, 9, 3)
+
+
+def test_a_duplicated_yaml_key_is_rejected_with_its_lines(tmp_path):
+    text = (REPO / "config" / "config.yaml").read_text()
+    entry = text[text.index("  qwen3_4b:"):text.index("  dsr1_llama_8b:")]
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text(text.replace("  dsr1_llama_8b:", entry + "  dsr1_llama_8b:", 1))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-s", str(REPO / "Snakefile"), "--directory",
+                           str(tmp_path)], capture_output=True, text=True, cwd=REPO)
+    out = proc.stdout + proc.stderr
+    first = text[: text.index("  qwen3_4b:")].count("\n") + 1
+    second = text[: text.index("  dsr1_llama_8b:")].count("\n") + 1  # where the copy was inserted
+    assert proc.returncode != 0, out[-2000:]
+    assert f"line {second}: duplicate key 'qwen3_4b' (first given at line {first})" in out, out[-2000:]
+    assert "Traceback" not in out
+    from pwopsd.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="duplicate key 'qwen3_4b'"):
+        load_config(tmp_path / "config" / "config.yaml")

@@ -90,6 +90,10 @@ def _semantic_problems(cfg: dict) -> list[str]:
         has_hub, built = "hf_id" in m, "built_by" in m
         if has_hub == built:
             problems.append(f"models.{name}: set exactly one of hf_id (a Hub model) or built_by (built by the workflow)")
+        if has_hub and "revision" not in m:
+            problems.append(f"models.{name}.revision: required for a Hub model: pin the full 40-hex commit of {m['hf_id']}")
+        if built and "revision" in m:
+            problems.append(f"models.{name}.revision: a built model has no Hub revision")
         if built and m.get("built_by") == "tiny" and "tiny" not in cfg:
             problems.append(f"models.{name}.built_by: 'tiny' needs a top-level 'tiny' section")
         v = m.get("vllm", {})
@@ -205,16 +209,40 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
     return cfg
 
 
-def load_config(path: str | Path) -> dict:
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A YAML loader that refuses a key given twice in one mapping (plain YAML keeps the last one,
+    so a second ``qwen3_4b:`` would silently replace the first)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise ConfigError(f"config file {key_node.start_mark.name}, line {line}: duplicate key {key!r} "
+                              f"(first given at line {seen[key]}); YAML would silently keep only the last one")
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def read_yaml_strict(path: str | Path) -> Any:
+    """Parse a YAML config file, rejecting duplicate keys with their line numbers."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
     with open(path) as fh:
         try:
-            raw = yaml.safe_load(fh)
+            return yaml.load(fh, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-    return validate_config(raw or {})
+
+
+def load_config(path: str | Path) -> dict:
+    return validate_config(read_yaml_strict(path) or {})
 
 
 # ----------------------------------------------------------------------------------------------

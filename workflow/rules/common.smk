@@ -17,6 +17,10 @@ from snakemake.exceptions import WorkflowError
 from pwopsd import config as cfgmod
 
 try:
+    # Snakemake's own YAML reading keeps the last of two equal keys: read the config files again
+    # strictly, so that a duplicated key is an error with its line numbers.
+    for _configfile in workflow.configfiles:
+        cfgmod.read_yaml_strict(_configfile)
     # Validates types, required and unknown keys (each message names the key) and fills defaults.
     _validated = cfgmod.validate_config(config)
 except cfgmod.ConfigError as exc:
