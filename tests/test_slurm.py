@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from conftest import REPO, run_snakemake
-from pwopsd.cluster import capped_runtimes
+from pwopsd.cluster import MAX_RUNTIME_ENV
 from pwopsd.cost import parse_dry_run
 
 PROFILE = REPO / "profiles" / "slurm" / "profile.yaml"
@@ -70,6 +70,16 @@ def test_profile_resolves_from_the_repo_root_and_dry_runs_every_paper_target(tmp
             assert threads == set_threads[rule] == int(res["cpus_per_task"]), (rule, threads, res)
     runtimes = {rule: int(res["runtime"]) for rule, res, _ in jobs}
     assert runtimes["train"] >= 600 and runtimes["generate"] >= 240 and runtimes["merge_adapter"] <= 120
+
+
+def capped_runtimes(expressions, attempts, max_runtime):
+    """Runtime (minutes) of each profile expression per attempt, the environment variable set as the
+    Snakefile sets it (Snakemake expands it, then evaluates the expression with `attempt`)."""
+    out = {}
+    for rule, expr in expressions:
+        text = str(expr).replace(f"${MAX_RUNTIME_ENV}", str(max_runtime))
+        out[rule] = [int(eval(text, {"__builtins__": {"min": min}}, {"attempt": a})) for a in range(1, attempts + 1)]
+    return out
 
 
 def test_runtimes_of_every_attempt_are_capped_at_the_partition_maximum():

@@ -11,7 +11,7 @@ before any job starts (rules use nothing from here).
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 PROFILE = "profiles/slurm/profile.yaml"
 PLACEHOLDER = "CHANGE_ME"
@@ -44,12 +44,3 @@ def export_max_runtime(minutes: int, env: dict | None = None) -> None:
     env = os.environ if env is None else env
     env[MAX_RUNTIME_ENV] = str(int(minutes))
 
-
-def capped_runtimes(expressions: Iterable[tuple[str, str]], attempts: int, max_runtime: int) -> dict[str, list[int]]:
-    """Runtime (minutes) of each rule's profile expression per attempt, as Snakemake evaluates it."""
-    out = {}
-    for rule, expr in expressions:
-        text = str(expr).replace(f"${MAX_RUNTIME_ENV}", str(max_runtime))
-        out[rule] = [int(eval(text, {"__builtins__": {"min": min, "max": max}}, {"attempt": a}))  # noqa: S307
-                     for a in range(1, attempts + 1)]
-    return out

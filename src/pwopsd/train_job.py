@@ -51,12 +51,13 @@ def model_identity(manifest: dict) -> dict:
     """What determines a base checkpoint's weights: for a Hub model its id, pinned revision and the
     files' checksums recorded at fetch; for a built or local one the SHA-256 of its files."""
     from .io import sha256_file
+    from .models import ModelError
 
     if manifest.get("files_sha256"):
         return {"hf_id": manifest.get("hf_id"), "revision": manifest.get("revision"), "files": manifest["files_sha256"]}
     root = Path(manifest["path"])
     if not root.is_dir():
-        raise FileNotFoundError(f"model {manifest.get('model')}: checkpoint directory {root} does not exist")
+        raise ModelError(f"model {manifest.get('model')}: checkpoint directory {root} does not exist")
     return {"files": {str(f.relative_to(root)): sha256_file(f) for f in sorted(root.rglob("*")) if f.is_file()}}
 
 
