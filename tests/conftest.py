@@ -32,10 +32,10 @@ def _index_reachable() -> bool:
     if "ok" not in _INDEX:
         import subprocess
 
-        from pwopsd.stacks import StackError, _uv
+        from pwopsd.stacks import StackError, uv_executable
 
         try:
-            proc = subprocess.run([_uv(), "pip", "compile", "--quiet", "--no-header", "-"], input="six==1.16.0\n",
+            proc = subprocess.run([uv_executable(), "pip", "compile", "--quiet", "--no-header", "-"], input="six==1.16.0\n",
                                   capture_output=True, text=True, timeout=60)
             _INDEX["ok"] = proc.returncode == 0
         except (StackError, subprocess.TimeoutExpired):

@@ -111,10 +111,10 @@ def test_a_job_imports_pwopsd_from_the_workflow_src_in_an_env_without_it(tmp_pat
     import subprocess
 
     env_dir = tmp_path / "env"
-    subprocess.run([stacks._uv(), "venv", "--quiet", "--python", sys.executable, str(env_dir)], check=True)
+    subprocess.run([stacks.uv_executable(), "venv", "--quiet", "--python", sys.executable, str(env_dir)], check=True)
     lock = REPO / "requirements.lock"
-    proc = subprocess.run([stacks._uv(), "pip", "install", "--quiet", "--python", str(env_dir / "bin" / "python"), "-c",
-                           str(lock), "snakemake", "pandas", "pyarrow", "numpy", "PyYAML", "jsonschema"],
+    proc = subprocess.run([stacks.uv_executable(), "pip", "install", "--quiet", "--python", str(env_dir / "bin" / "python"),
+                           "-c", str(lock), "snakemake", "pandas", "pyarrow", "numpy", "PyYAML", "jsonschema"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     python = str(env_dir / "bin" / "python")

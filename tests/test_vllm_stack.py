@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from pwopsd.stacks import _uv, env_pins, load_stacks
+from pwopsd.stacks import env_pins, load_stacks, uv_executable
 
 ENV = REPO / ".venv-vllm-stack"
 # Test modules that import no torch at module level and hold vllm_stack tests.
@@ -34,9 +34,9 @@ def _build_env() -> None:
     stamp = hashlib.sha256((constraints + (REPO / "pyproject.toml").read_text() + " ".join(PACKAGES)).encode()).hexdigest()
     if (ENV / "stamp").exists() and (ENV / "stamp").read_text() == stamp:
         return
-    subprocess.run([_uv(), "venv", "--quiet", "--clear", "--python", sys.executable, str(ENV)], check=True)
+    subprocess.run([uv_executable(), "venv", "--quiet", "--clear", "--python", sys.executable, str(ENV)], check=True)
     (ENV / "constraints.txt").write_text(constraints)
-    proc = subprocess.run([_uv(), "pip", "install", "--quiet", "--python", str(ENV / "bin" / "python"),
+    proc = subprocess.run([uv_executable(), "pip", "install", "--quiet", "--python", str(ENV / "bin" / "python"),
                            "-c", str(ENV / "constraints.txt"), *PACKAGES], capture_output=True, text=True)
     assert proc.returncode == 0, f"the vLLM-stack test environment did not build:\n{proc.stderr}"
     (ENV / "stamp").write_text(stamp)

@@ -127,7 +127,7 @@ def env_pins(stack: Stack) -> dict[str, str]:
 
 def compile_lock(stack: Stack, uv: str | None = None) -> dict[str, str]:
     """Resolve a stack for linux x86_64 at its Python with uv: {name: version} of every package."""
-    uv = _uv(uv)
+    uv = uv_executable(uv)
     with tempfile.TemporaryDirectory(prefix=f"pwopsd-lock-{stack.name}-") as tmp:
         extra_in = Path(tmp) / "requirements.in"
         extra_in.write_text("".join(f"{r}\n" for r in stack.requirements))
@@ -207,7 +207,7 @@ def resolve(requirements: Path, python: str, cwd: Path, report: Path, resolver: 
 
 
 def uv_resolve(requirements: Path, python: str, cwd: Path) -> dict[str, str]:
-    cmd = [_uv(), "pip", "compile", "--quiet", "--no-header", "--no-annotate", "--python-version", python,
+    cmd = [uv_executable(), "pip", "compile", "--quiet", "--no-header", "--no-annotate", "--python-version", python,
            "--python-platform", "x86_64-manylinux_2_28", requirements.name]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
     if proc.returncode != 0:
@@ -215,7 +215,7 @@ def uv_resolve(requirements: Path, python: str, cwd: Path) -> dict[str, str]:
     return parse_pins(proc.stdout.splitlines(), f"uv output for {requirements}")
 
 
-def _uv(uv: str | None = None) -> str:
+def uv_executable(uv: str | None = None) -> str:
     """The uv executable: the one given, the one beside this Python, or on PATH."""
     for candidate in [uv, str(Path(sys.executable).parent / "uv"), "uv"]:
         found = candidate and shutil.which(candidate)
