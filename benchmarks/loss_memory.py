@@ -25,6 +25,7 @@ def measure(args) -> dict:
 
     from pwopsd import chunked as C
     from pwopsd import losses as L
+    from pwopsd.config import loss_keywords
 
     torch.manual_seed(0)
     dev = torch.device(args.device)
@@ -37,17 +38,19 @@ def measure(args) -> dict:
     mask[:, T - T // 8 :] = 0  # some padding
     tokens = torch.randint(0, V, (B, T), device=dev)
 
+    kw = loss_keywords(args.method)  # the paper's settings (PW-OPSD: Moderate), from the config schema
+
     def run(h_s=h_s, h_t=h_t, W=W, mask=mask, tokens=tokens):
         if args.method == "pwopsd":
             if args.path == "reference":
-                loss = L.pwopsd_loss(h_s @ W.T, h_t @ W.T, mask)
+                loss = L.pwopsd_loss(h_s @ W.T, h_t @ W.T, mask, **kw)
             else:
-                loss = C.pwopsd_loss_chunked(h_s, h_t, W, mask, chunk_size=args.chunk)
+                loss = C.pwopsd_loss_chunked(h_s, h_t, W, mask, chunk_size=args.chunk, **kw)
         else:
             if args.path == "reference":
-                loss = L.eopd_loss(h_s @ W.T, h_t @ W.T, tokens, mask)
+                loss = L.eopd_loss(h_s @ W.T, h_t @ W.T, tokens, mask, **kw)
             else:
-                loss = C.eopd_loss_chunked(h_s, h_t, W, tokens, mask, chunk_size=args.chunk)
+                loss = C.eopd_loss_chunked(h_s, h_t, W, tokens, mask, chunk_size=args.chunk, **kw)
         loss.backward()
         h_s.grad = None
         return float(loss)

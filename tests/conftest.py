@@ -15,6 +15,17 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def paper_train_config(loss: str, **overrides):
+    """A TrainConfig as the paper config builds it for Qwen3-4B and the paper's method of ``loss``
+    (PW-OPSD: Moderate), with ``overrides``: tests take every unstated setting from the config."""
+    from pwopsd.config import load_config, training_config
+    from pwopsd.training import TrainConfig
+
+    cfg = load_config(REPO / "config" / "config.yaml")
+    method = {"opsd": "opsd", "pwopsd": "pwopsd_moderate", "eopd": "eopd", "reopold": "reopold"}[loss]
+    return TrainConfig(**{**training_config(cfg, "qwen3_4b", method), **overrides})
+
+
 @pytest.fixture(autouse=True)
 def _package_index(request):
     """Tests marked ``network`` need the package index: skipped when it cannot be reached, except

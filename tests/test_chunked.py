@@ -5,6 +5,7 @@ import torch
 
 from pwopsd import chunked as C
 from pwopsd import losses as L
+from pwopsd.config import loss_keywords as kw
 
 
 def setup(seed=0, B=3, T=9, H=8, V=23):
@@ -32,37 +33,40 @@ def check(ref_fn, chunk_fn, h_s, *, rtol=2e-6):  # both paths compute in fp32, a
 @pytest.mark.parametrize("chunk", [1, 4, 1000])
 def test_opsd(chunk):
     h_s, h_t, W, tokens, mask = setup()
-    check(lambda: L.opsd_loss(h_s @ W.T, h_t @ W.T, mask),
-          lambda: C.opsd_loss_chunked(h_s, h_t, W, mask, chunk_size=chunk), h_s)
+    check(lambda: L.opsd_loss(h_s @ W.T, h_t @ W.T, mask, **kw("opsd")),
+          lambda: C.opsd_loss_chunked(h_s, h_t, W, mask, chunk_size=chunk, **kw("opsd")), h_s)
 
 
 @pytest.mark.parametrize("reduction", ["per_sequence", "global"])
 @pytest.mark.parametrize("chunk", [3, 64])
 def test_pwopsd(reduction, chunk):
     h_s, h_t, W, tokens, mask = setup(1)
-    kw = dict(w_min=0.05, tau=0.5, s=0.05, reduction=reduction)
-    check(lambda: L.pwopsd_loss(h_s @ W.T, h_t @ W.T, mask, **kw),
-          lambda: C.pwopsd_loss_chunked(h_s, h_t, W, mask, chunk_size=chunk, **kw), h_s)
+    p = kw("pwopsd", w_min=0.05, tau=0.5, s=0.05, reduction=reduction)
+    check(lambda: L.pwopsd_loss(h_s @ W.T, h_t @ W.T, mask, **p),
+          lambda: C.pwopsd_loss_chunked(h_s, h_t, W, mask, chunk_size=chunk, **p), h_s)
 
 
 def test_eopd():
     h_s, h_t, W, tokens, mask = setup(2)
-    check(lambda: L.eopd_loss(h_s @ W.T, h_t @ W.T, tokens, mask, entropy_threshold=2.5, top_k=5),
-          lambda: C.eopd_loss_chunked(h_s, h_t, W, tokens, mask, entropy_threshold=2.5, top_k=5, chunk_size=4), h_s)
+    p = kw("eopd", entropy_threshold=2.5, top_k=5)
+    check(lambda: L.eopd_loss(h_s @ W.T, h_t @ W.T, tokens, mask, **p),
+          lambda: C.eopd_loss_chunked(h_s, h_t, W, tokens, mask, chunk_size=4, **p), h_s)
 
 
 @pytest.mark.parametrize("step", [0, 60])
 def test_reopold(step):
     h_s, h_t, W, tokens, mask = setup(3)
-    check(lambda: L.reopold_loss(h_s @ W.T, h_t @ W.T, tokens, mask, step=step),
-          lambda: C.reopold_loss_chunked(h_s, h_t, W, tokens, mask, step=step, chunk_size=5), h_s)
+    check(lambda: L.reopold_loss(h_s @ W.T, h_t @ W.T, tokens, mask, step=step, **kw("reopold")),
+          lambda: C.reopold_loss_chunked(h_s, h_t, W, tokens, mask, step=step, chunk_size=5, **kw("reopold")), h_s)
 
 
 def test_all_invalid_batch():
     h_s, h_t, W, tokens, _ = setup(4)
     mask = torch.zeros(h_s.shape[:2])
-    for loss in (C.opsd_loss_chunked(h_s, h_t, W, mask), C.pwopsd_loss_chunked(h_s, h_t, W, mask),
-                 C.eopd_loss_chunked(h_s, h_t, W, tokens, mask), C.reopold_loss_chunked(h_s, h_t, W, tokens, mask, step=0)):
+    for loss in (C.opsd_loss_chunked(h_s, h_t, W, mask, chunk_size=4, **kw("opsd")),
+                 C.pwopsd_loss_chunked(h_s, h_t, W, mask, chunk_size=4, **kw("pwopsd")),
+                 C.eopd_loss_chunked(h_s, h_t, W, tokens, mask, chunk_size=4, **kw("eopd")),
+                 C.reopold_loss_chunked(h_s, h_t, W, tokens, mask, step=0, chunk_size=4, **kw("reopold"))):
         assert float(loss) == 0.0 and loss.requires_grad
 
 
@@ -70,6 +74,6 @@ def test_gradient_to_a_trainable_head_matches():
     h_s, h_t, W, tokens, mask = setup(5)
     W1 = W.clone().requires_grad_(True)
     W2 = W.clone().requires_grad_(True)
-    L.opsd_loss(h_s @ W1.T, h_t @ W1.T, mask).backward()
-    C.opsd_loss_chunked(h_s, h_t, W2, mask, chunk_size=4).backward()
+    L.opsd_loss(h_s @ W1.T, h_t @ W1.T, mask, **kw("opsd")).backward()
+    C.opsd_loss_chunked(h_s, h_t, W2, mask, chunk_size=4, **kw("opsd")).backward()
     torch.testing.assert_close(W2.grad, W1.grad, rtol=1e-6, atol=1e-9)

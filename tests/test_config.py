@@ -66,6 +66,9 @@ MISTAKES = [
     ("eval model not configured", ["evaluation", "models"], ["qwen3_4b", "llama"], False, "evaluation.models.1", "not a configured model"),
     ("prompt room", ["evaluation", "max_new_tokens"], 40960, False, "evaluation.max_new_tokens", "no room"),
     ("diagnostic dataset", ["diagnostic", "datasets", "aime2026"], 30, False, "diagnostic.datasets.aime2026", "not a configured benchmark"),
+    ("diagnostic count above benchmark", ["diagnostic", "datasets", "aime2024"], 31, False, "diagnostic.datasets.aime2024", "the benchmark has 30"),
+    ("reopold lam of 1", ["methods", "reopold", "params", "lam"], 1, False, "methods.reopold.params.lam", "maximum"),
+    ("reopold t_switch", ["methods", "reopold", "params", "t_switch"], -1, False, "methods.reopold.params.t_switch", "minimum"),
     ("diagnostic model", ["diagnostic", "model"], "llama", False, "diagnostic.model", "not a configured model"),
     ("diagnostic labels", ["diagnostic", "labels", "v_low"], 0.9, False, "diagnostic.labels.v_low", "must not exceed"),
     ("diagnostic unknown key", ["diagnostic", "candidates", "spaceing"], 64, False, "diagnostic.candidates.spaceing", "unknown key"),
@@ -131,7 +134,7 @@ def test_snakemake_stops_before_any_job_on_bad_config(tmp_path):
 def test_every_training_and_method_key_reaches_the_trainer(paper):
     """Each `training.*` key and each method key either becomes a TrainConfig field of the run or is
     used by name elsewhere (listed here with where): none is validated and then dropped."""
-    from dataclasses import fields
+    from dataclasses import MISSING, fields
 
     from pwopsd.config import load_schema, training_config
     from pwopsd.training import TrainConfig
@@ -150,14 +153,39 @@ def test_every_training_and_method_key_reaches_the_trainer(paper):
         for name in renamed.get(key, [key]):
             assert name in run, f"training.{key} does not reach the trainer"
     method = schema["properties"]["methods"]["additionalProperties"]["properties"]
-    into = {"loss": "method", "params": "loss", "t_switch": "reopold_t_switch"}
+    into = {"loss": "method", "params": "loss"}
     assert set(method) - {"label"} == set(into)  # label: display name in tables
     assert all(into[k] in run for k in into)
+    assert {f.name for f in fields(TrainConfig)} == set(run)  # every trainer setting comes from the config
+    assert all(f.default is MISSING and f.default_factory is MISSING for f in fields(TrainConfig))  # no second default
     tweaked = copy.deepcopy(cfg)
     tweaked["training"].update(chunk_size=7, rollout_batch_size=9)
-    tweaked["methods"]["pwopsd_moderate"]["t_switch"] = 3
+    tweaked["methods"]["reopold"]["params"]["t_switch"] = 3
     got = training_config(tweaked, "qwen3_4b", "pwopsd_moderate")
-    assert (got["chunk_size"], got["rollout_batch_size"], got["reopold_t_switch"]) == (7, 9, 3)
+    assert (got["chunk_size"], got["rollout_batch_size"]) == (7, 9)
+    assert training_config(tweaked, "qwen3_4b", "reopold")["loss"] == {"lam": 0.1, "beta": 0.2, "t_switch": 3}
+
+
+def test_loss_functions_take_every_setting_from_the_config():
+    """The losses' parameters have no defaults in code: the schema's are the only ones, and each
+    loss's declared parameters are exactly the keywords its functions take."""
+    import inspect
+
+    from pwopsd import chunked as C
+    from pwopsd import losses as L
+    from pwopsd.config import loss_keywords, schema_defaults
+
+    for loss, ref, chunked in (("opsd", L.opsd_loss, C.opsd_loss_chunked), ("pwopsd", L.pwopsd_loss, C.pwopsd_loss_chunked),
+                               ("eopd", L.eopd_loss, C.eopd_loss_chunked), ("reopold", L.reopold_loss, C.reopold_loss_chunked)):
+        declared = set(schema_defaults("methods", {"loss": loss})["params"])
+        for fn in (ref, chunked):
+            kwonly = {n: p for n, p in inspect.signature(fn).parameters.items() if p.kind is p.KEYWORD_ONLY}
+            assert declared <= set(kwonly), (fn.__name__, declared - set(kwonly))
+            defaulted = {n for n, p in kwonly.items() if p.default is not p.empty}
+            assert defaulted <= {"upcast"}, (fn.__name__, defaulted)  # fp32 math of the reference forms, not a setting
+        assert set(loss_keywords(loss)) >= declared | {"temperature"}
+    with pytest.raises(ConfigError, match="loss pwopsd: unknown parameter.*wmin"):
+        loss_keywords("pwopsd", wmin=0.3)
 
 
 def test_a_duplicated_yaml_key_is_rejected_with_its_lines(tmp_path):
@@ -177,3 +205,12 @@ def test_a_duplicated_yaml_key_is_rejected_with_its_lines(tmp_path):
 
     with pytest.raises(ConfigError, match="duplicate key 'qwen3_4b'"):
         load_config(tmp_path / "config" / "config.yaml")
+
+
+def test_a_method_without_params_gets_its_loss_defaults(paper):
+    cfg = copy.deepcopy(paper)
+    cfg["methods"]["eopd_plain"] = {"loss": "eopd"}
+    cfg["methods"]["reopold_plain"] = {"loss": "reopold"}
+    got = validate_config(cfg)["methods"]
+    assert got["eopd_plain"]["params"] == {"entropy_threshold": 0.8, "top_k": 16, "ppo_eps": 0.2}
+    assert got["reopold_plain"]["params"] == {"lam": 0.1, "beta": 0.2, "t_switch": 50}

@@ -165,3 +165,61 @@ def test_timeout_inside_a_chunk_blames_only_the_slow_pair():
     assert [k for k, g in enumerate(grades) if g.status != "ok"] == [23]
     assert grades[23].status == STATUS_TIMEOUT and not grades[23].correct
     assert all(g.correct for k, g in enumerate(grades) if k != 23)
+
+
+def test_a_batch_budget_leaves_the_rest_ungraded():
+    from pwopsd.grading import STATUS_OVER_BUDGET
+
+    with GraderPool(workers=2, timeout=5.0) as pool:
+        grades = pool.grade_pairs([("1", "1"), ("2", "3")], budget=0)
+        assert [g.status for g in grades] == [STATUS_OVER_BUDGET] * 2 and not any(g.correct for g in grades)
+        assert pool.stats["over_budget"] == 2
+        assert [g.status for g in pool.grade_pairs([("1", "1"), ("2", "3")], budget=60)] == ["ok", "ok"]
+
+
+def test_maj_clustering_budget_keeps_one_problem_from_stalling_the_job():
+    """One problem whose distinct predictions each hang the parser: without a budget its N^2
+    clustering comparisons take a hard time limit each (here 8 x 2 s over 2 workers); with a 1 s
+    budget the undecided predictions join INVALID and the other problem is graded as usual."""
+    from pwopsd.evaluation import grade_generations
+    from pwopsd.metrics import INVALID
+
+    texts = {"p1": ["\\boxed{1}", f"\\boxed{{{POWER_TOWER}}}", f"\\boxed{{{POWER_TOWER} + 1}}", "\\boxed{1}"],
+             "p2": ["\\boxed{4}", "\\boxed{4}", "\\boxed{5}"]}
+    gens = pd.DataFrame([{"problem_id": pid, "sample_index": i, "text": t} for pid, ts in texts.items() for i, t in enumerate(ts)])
+    bench = pd.DataFrame({"id": ["p1", "p2"], "answer": ["1", "4"]})
+    with GraderPool(workers=2, timeout=2.0) as pool:
+        t0 = time.monotonic()
+        graded, problems = grade_generations(gens, bench, pool, maj_budget=1.0)
+        elapsed = time.monotonic() - t0
+        assert pool.stats["over_budget"] > 0
+    p1, p2 = (problems.set_index("problem_id").loc[p] for p in ("p1", "p2"))
+    assert p1["maj_over_budget"] == 3 and p1["avg"] == 0.5 and p1["maj"] == 0  # all three undecided -> INVALID wins
+    assert (graded.loc[graded["problem_id"] == "p1", "maj_cluster"] == INVALID).all()
+    assert p2["maj_over_budget"] == 0 and p2["maj"] == 1 and p2["avg"] == pytest.approx(2 / 3)
+    assert elapsed < 7  # gold grades (2 s limit) + the 1 s budget, not 8 more seconds of clustering
+
+
+def test_long_log_messages_are_cut_and_a_failing_job_prints_its_cause(tmp_path):
+    """A library logging a whole hostile prediction (math-verify's parse-timeout warning) gets a
+    bounded line in the job log; an uncaught error prints one line on the console and its
+    traceback in the log."""
+    import subprocess
+    import sys
+
+    code = (
+        "import logging; from pwopsd.runtime import setup_logging; from pwopsd.data import DataError\n"
+        f"setup_logging({str(tmp_path / 'job.log')!r})\n"
+        "logging.getLogger('math_verify.parser').warning('Timeout during parsing: %s', 'x^{' * 20000)\n"
+        "raise DataError('benchmarks.probe.answer: row 3 (id 7) is null in file probe.jsonl\\nsecond line')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          env={**__import__("os").environ, "PYTHONPATH": str(REPO / "src")})
+    assert proc.returncode == 1
+    console = proc.stderr.strip().splitlines()
+    assert len(console) == 1, proc.stderr
+    assert console[0].startswith("pwopsd job failed: DataError: benchmarks.probe.answer: row 3 (id 7) is null in file probe.jsonl")
+    assert "job.log" in console[0]
+    log = (tmp_path / "job.log").read_text()
+    assert "Traceback" in log and "second line" in log
+    assert max(len(line) for line in log.splitlines()) < 2200 and "more characters cut" in log

@@ -7,8 +7,10 @@ import math
 import pytest
 import torch
 
+from pathlib import Path
+
+from pwopsd.config import load_config, loss_keywords
 from pwopsd.losses import (
-    SCHEDULES,
     eopd_loss,
     opsd_loss,
     position_weights,
@@ -17,6 +19,11 @@ from pwopsd.losses import (
     reopold_loss,
     schedule_weight,
 )
+
+# The paper's four schedules as the paper config declares them (w_min, tau, s).
+_PAPER = load_config(Path(__file__).resolve().parents[1] / "config" / "config.yaml")["methods"]
+SCHEDULES = {n: tuple(_PAPER[f"pwopsd_{n}"]["params"][k] for k in ("w_min", "tau", "s"))
+             for n in ("mild", "moderate", "sharp", "aggressive")}
 
 SPEC_WEIGHTS = {  # ../shared/spec/reference_implementation.md §2.2, r = 0, .1, .25, .3, .5, .75, 1
     "mild": [0.6345, 0.6888, 0.7811, 0.8112, 0.9088, 0.9700, 0.9910],
@@ -27,7 +34,7 @@ SPEC_WEIGHTS = {  # ../shared/spec/reference_implementation.md §2.2, r = 0, .1,
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
-def test_schedule_values_match_the_spec(name):
+def test_the_paper_configs_schedules_match_the_spec(name):
     w_min, tau, s = SCHEDULES[name]
     r = torch.tensor([0, 0.1, 0.25, 0.3, 0.5, 0.75, 1.0], dtype=torch.float64)
     got = schedule_weight(r, w_min=w_min, tau=tau, s=s)
@@ -80,13 +87,13 @@ def test_opsd_loss(clip):
     zs, zt, _, mask = batch()
     pos = valid_positions(mask)
     naive = sum(naive_token_kl(zs, zt, b, t, 1.1, clip) for b, t in pos) / len(pos)
-    assert_same_value_and_grad(opsd_loss(zs, zt, mask, temperature=1.1, clip=clip), naive, zs)
+    assert_same_value_and_grad(opsd_loss(zs, zt, mask, **loss_keywords("opsd", temperature=1.1, clip=clip)), naive, zs)
 
 
 def test_clip_is_an_upper_clamp_only():
     zs, zt, _, mask = batch(1)
-    assert opsd_loss(zs, zt, mask, clip=0.05) < opsd_loss(zs, zt, mask, clip=None)
-    assert float(opsd_loss(zs, zs.detach(), mask)) == pytest.approx(0.0, abs=1e-12)
+    assert opsd_loss(zs, zt, mask, **loss_keywords("opsd", clip=0.05)) < opsd_loss(zs, zt, mask, **loss_keywords("opsd", clip=None))
+    assert float(opsd_loss(zs, zs.detach(), mask, **loss_keywords("opsd"))) == pytest.approx(0.0, abs=1e-12)
 
 
 @pytest.mark.parametrize("name", ["moderate", "aggressive"])
@@ -101,7 +108,7 @@ def test_pwopsd_loss(name, reduction):
         naive = sum(sum(v) / len(v) for v in rows.values()) / len(rows)  # rows with L_i > 0 only
     else:
         naive = sum(sum(v) for v in rows.values()) / sum(len(v) for v in rows.values())
-    ours = pwopsd_loss(zs, zt, mask, w_min=w_min, tau=tau, s=s, reduction=reduction)
+    ours = pwopsd_loss(zs, zt, mask, **loss_keywords("pwopsd", temperature=1.1, clip=0.05, w_min=w_min, tau=tau, s=s, reduction=reduction))
     assert_same_value_and_grad(ours, naive, zs)
 
 
@@ -116,18 +123,20 @@ def test_position_weights_use_each_rows_own_length():
 def test_uniform_weights_per_sequence_vs_global_reduction():
     zs, zt, _, mask = batch(3)
     # w_min = 1 makes w = 1: global reduction equals OPSD; per-sequence weighs rows equally instead.
-    g = pwopsd_loss(zs, zt, mask, w_min=1.0, reduction="global")
-    p = pwopsd_loss(zs, zt, mask, w_min=1.0, reduction="per_sequence")
-    assert float(g) == pytest.approx(float(opsd_loss(zs, zt, mask)), rel=1e-9)
+    g = pwopsd_loss(zs, zt, mask, **loss_keywords("pwopsd", w_min=1.0, reduction="global"))
+    p = pwopsd_loss(zs, zt, mask, **loss_keywords("pwopsd", w_min=1.0, reduction="per_sequence"))
+    assert float(g) == pytest.approx(float(opsd_loss(zs, zt, mask, **loss_keywords("opsd"))), rel=1e-9)
     assert float(g) != pytest.approx(float(p), rel=1e-3)
 
 
 def test_all_invalid_batch_gives_zero_with_grad():
     zs, zt, tokens, _ = batch(4)
     mask = torch.zeros(zs.shape[:2])
-    for loss in (opsd_loss(zs, zt, mask), pwopsd_loss(zs, zt, mask), pwopsd_loss(zs, zt, mask, reduction="global"),
-                 eopd_loss(zs, zt, tokens, mask), reopold_loss(zs, zt, tokens, mask, step=0),
-                 reopold_loss(zs, zt, tokens, mask, step=99)):
+    for loss in (opsd_loss(zs, zt, mask, **loss_keywords("opsd")), pwopsd_loss(zs, zt, mask, **loss_keywords("pwopsd")),
+                 pwopsd_loss(zs, zt, mask, **loss_keywords("pwopsd", reduction="global")),
+                 eopd_loss(zs, zt, tokens, mask, **loss_keywords("eopd")),
+                 reopold_loss(zs, zt, tokens, mask, step=0, **loss_keywords("reopold")),
+                 reopold_loss(zs, zt, tokens, mask, step=99, **loss_keywords("reopold"))):
         assert float(loss) == 0.0 and loss.requires_grad
         loss.backward()
     assert torch.count_nonzero(zs.grad) == 0
@@ -155,10 +164,10 @@ def test_eopd_loss_against_naive_and_its_gate():
         return total / n
 
     for threshold in (0.0, 1.5, 100.0):  # gate always on / sometimes / never
-        ours = eopd_loss(zs, zt, tokens, mask, temperature=T, entropy_threshold=threshold, top_k=4)
+        ours = eopd_loss(zs, zt, tokens, mask, temperature=T, entropy_threshold=threshold, top_k=4, ppo_eps=0.2)
         assert_same_value_and_grad(ours, naive(threshold), zs)
-    on = eopd_loss(zs, zt, tokens, mask, entropy_threshold=0.0, top_k=4)
-    off = eopd_loss(zs, zt, tokens, mask, entropy_threshold=100.0, top_k=4)
+    on = eopd_loss(zs, zt, tokens, mask, **loss_keywords("eopd", entropy_threshold=0.0, top_k=4))
+    off = eopd_loss(zs, zt, tokens, mask, **loss_keywords("eopd", entropy_threshold=100.0, top_k=4))
     assert float(on) > float(off)  # the gated forward KL adds a non-negative term
 
 

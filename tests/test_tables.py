@@ -8,7 +8,6 @@ import pandas as pd
 import pytest
 
 from pwopsd.figures import schedules_figure
-from pwopsd.losses import SCHEDULES
 from pwopsd.tables import ablation_table, bold_flags, cell, cross_model_table, method_benchmark_table
 
 # Qwen3-4B Table 2 of the paper, MATH-500 Pass@12 and AIME 2024 Avg@12 / Maj@12 columns:
@@ -86,6 +85,8 @@ def test_ablation_table():
 
 
 def test_schedules_figure_writes_pdf_and_its_data(tmp_path):
+    from test_losses import SCHEDULES  # the paper config's four schedules
+
     curves = schedules_figure(SCHEDULES, tmp_path / "f.pdf", tmp_path / "f.csv")
     assert (tmp_path / "f.pdf").read_bytes()[:5] == b"%PDF-"
     data = pd.read_csv(tmp_path / "f.csv")

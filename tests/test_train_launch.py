@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import REPO
+from conftest import REPO, paper_train_config
 from pwopsd.tiny.arithmetic import sample_problems
 from pwopsd.train_job import LaunchError, check_world_size, checkpoint_dir, launch, run
 
@@ -41,8 +41,9 @@ def base(tmp_path_factory, random_tiny_model, tiny_tokenizer):
 
 
 def _args(d, name, *, accumulation, steps=4, dtype="float32", **train):
-    cfg = dict(method="pwopsd", lora_r=4, lora_alpha=8, lr=1e-3, max_steps=steps, save_every=2, per_device_batch_size=2,
-               gradient_accumulation_steps=accumulation, max_completion_length=12, chunk_size=16, seed=7, **train)
+    cfg = vars(paper_train_config("pwopsd", lora_r=4, lora_alpha=8, lr=1e-3, max_steps=steps, save_every=2,
+                                  per_device_batch_size=2, gradient_accumulation_steps=accumulation,
+                                  max_completion_length=12, chunk_size=16, seed=7, **train))
     (d / name).mkdir(exist_ok=True)
     return {"manifest": str(d / "base.json"), "corpus": str(d / "corpus.parquet"), "train": cfg, "dtype": dtype,
             "chat_template": {"add_special_tokens": False, "think_closure": True}, "work_dir": str(d / name / "work"),

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from conftest import paper_train_config
 from pwopsd.grading import integer_answer
 from pwopsd.tiny.arithmetic import sample_problems
 from pwopsd.training import Example, TrainConfig, Trainer, assemble, data_order
@@ -36,7 +37,7 @@ def _check(texts, answers):
 
 
 def _trainer(model_factory, tok, work_dir, method="pwopsd", steps=4):
-    cfg = TrainConfig(method=method, lora_r=4, lora_alpha=8, lr=1e-3, max_steps=steps, save_every=2, per_device_batch_size=4,
+    cfg = paper_train_config(method, lora_r=4, lora_alpha=8, lr=1e-3, max_steps=steps, save_every=2, per_device_batch_size=4,
                       gradient_accumulation_steps=2, max_completion_length=12, chunk_size=16, seed=7)
     return Trainer(model_factory(), tok, _examples(), cfg, work_dir, add_special_tokens=False, answer_check=_check)
 
@@ -117,7 +118,7 @@ def test_gradient_checkpointing_changes_neither_loss_nor_gradients(tmp_path, mod
 
     runs = {}
     for on in (False, True):
-        cfg = TrainConfig(method="pwopsd", lora_r=4, lora_alpha=8, lr=1e-3, max_steps=1, per_device_batch_size=4,
+        cfg = paper_train_config("pwopsd", lora_r=4, lora_alpha=8, lr=1e-3, max_steps=1, per_device_batch_size=4,
                           gradient_accumulation_steps=2, max_completion_length=12, chunk_size=16, seed=7,
                           gradient_checkpointing=on)
         tr = Trainer(model_factory(), tiny_tokenizer, _examples(), cfg, tmp_path / str(on), add_special_tokens=False)
@@ -153,7 +154,7 @@ def test_bf16_training_merging_and_generation_on_cpu(tmp_path, random_tiny_model
 
     trained = {}
     for method in ("opsd", "pwopsd"):
-        cfg = TrainConfig(method=method, lora_r=4, lora_alpha=8, lr=1e-2, max_steps=2, save_every=2, per_device_batch_size=4,
+        cfg = paper_train_config(method, lora_r=4, lora_alpha=8, lr=1e-2, max_steps=2, save_every=2, per_device_batch_size=4,
                           gradient_accumulation_steps=1, max_completion_length=12, chunk_size=16, seed=7, opsd_upcast=False)
         tr = Trainer(bf16_base(), tiny_tokenizer, _examples(), cfg, tmp_path / method, add_special_tokens=False)
         lora = {k: v.clone() for k, v in tr.model.named_parameters() if v.requires_grad}

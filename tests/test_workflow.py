@@ -256,3 +256,36 @@ def test_scripts_run_standalone_with_the_rules_inputs_and_params(tmp_path):
     df = pd.read_parquet(tmp_path / "results/data/benchmarks/arith_l3.parquet")
     assert len(df) == 20 and set(df["level"]) == {3}
     assert "20 rows" in (tmp_path / "logs/data/prepare_benchmark/arith_l3.log").read_text()
+
+
+def test_a_local_data_file_is_a_declared_input_and_its_errors_reach_the_console(tmp_path):
+    """Editing a local benchmark file reruns its prepare job (a stale table would be a wrong result
+    with exit code 0); a bad file fails the job with the one-line cause on Snakemake's console."""
+    import yaml
+
+    shutil.copytree(REPO / "tiny" / "config", tmp_path / "config")
+    cfg_path = tmp_path / "config" / "config.yaml"
+    cfg = yaml.safe_load(cfg_path.read_text())
+    cfg["benchmarks"]["probe"] = {"source": {"kind": "local", "path": "probe.jsonl"}, "columns": {"id": "id"}}
+    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    rows = [{"id": i, "problem": f"Compute {i} + 1.", "answer": str(i + 1)} for i in range(3)]
+    probe = tmp_path / "probe.jsonl"
+    probe.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    target = "results/data/benchmarks/probe.parquet"
+    run_snakemake(["-c1", "--directory", str(tmp_path), target])
+    assert len(pd.read_parquet(tmp_path / target)) == 3
+    assert "Nothing to be done" in run_snakemake(["-n", "--directory", str(tmp_path), target]).stdout
+    rows[1]["answer"] = "99"
+    probe.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dry = run_snakemake(["-n", "--directory", str(tmp_path), target])
+    assert "prepare_benchmark" in dry.stdout and "Updated input files" in dry.stdout + dry.stderr, dry.stdout
+    run_snakemake(["-c1", "--directory", str(tmp_path), target])
+    assert pd.read_parquet(tmp_path / target)["answer"].tolist() == ["1", "99", "3"]
+    rows[2]["answer"] = None
+    probe.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = run_snakemake(["-c1", "--directory", str(tmp_path), target], check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    cause = [line for line in out.splitlines() if line.startswith("pwopsd job failed: DataError:")]
+    assert len(cause) == 1 and "benchmarks.probe" in cause[0] and "probe.jsonl" in cause[0], out[-3000:]
+    assert not (tmp_path / target).exists()  # Snakemake removed the stale table; nothing half-written replaced it

@@ -63,7 +63,7 @@ class _ChunkedWeightedSum(torch.autograd.Function):
         return gh, None, gw, None, None, None, None
 
 
-def chunked_weighted_sum(h_s, h_t, weight, tokens, coeff, token_loss: TokenLoss, *, chunk_size: int = 256):
+def chunked_weighted_sum(h_s, h_t, weight, tokens, coeff, token_loss: TokenLoss, *, chunk_size: int):
     """``sum_i coeff[i] * token_loss(h_s[i] @ W^T, h_t[i] @ W^T, tokens[i])`` over flattened tokens."""
     if h_s.shape[0] == 0:
         return (h_s.sum() * 0.0).float()
@@ -104,7 +104,7 @@ def flatten_valid(h_s, h_t, tokens, mask) -> FlatBatch:
     return FlatBatch(h_s[rows, cols], h_t[rows, cols], tokens[rows, cols].long(), (rows, cols))
 
 
-def opsd_loss_chunked(h_s, h_t, weight, mask, *, temperature=1.1, clip=0.05, upcast=True, chunk_size=256):
+def opsd_loss_chunked(h_s, h_t, weight, mask, *, temperature, clip, upcast=True, chunk_size):
     flat = flatten_valid(h_s, h_t, torch.zeros_like(mask, dtype=torch.long), mask)
     n = flat.tokens.numel()
     coeff = torch.full((n,), 1.0 / max(n, 1), device=h_s.device)
@@ -125,16 +125,14 @@ def pwopsd_token_coefficients(mask, *, w_min, tau, s, reduction) -> torch.Tensor
     return w * m / lengths.clamp(min=1.0) / rows
 
 
-def pwopsd_loss_chunked(h_s, h_t, weight, mask, *, temperature=1.1, clip=0.05, w_min=0.25, tau=0.30, s=0.10,
-                        reduction="per_sequence", chunk_size=256):
+def pwopsd_loss_chunked(h_s, h_t, weight, mask, *, temperature, clip, w_min, tau, s, reduction, chunk_size):
     coeff = pwopsd_token_coefficients(mask, w_min=w_min, tau=tau, s=s, reduction=reduction)
     flat = flatten_valid(h_s, h_t, torch.zeros_like(mask, dtype=torch.long), mask)
     return chunked_weighted_sum(flat.h_s, flat.h_t, weight, flat.tokens, coeff[flat.index], _fkl_term(temperature, clip),
                                 chunk_size=chunk_size)
 
 
-def eopd_loss_chunked(h_s, h_t, weight, tokens, mask, *, temperature=1.1, entropy_threshold=0.8, top_k=16, ppo_eps=0.2,
-                      chunk_size=256):
+def eopd_loss_chunked(h_s, h_t, weight, tokens, mask, *, temperature, entropy_threshold, top_k, ppo_eps, chunk_size):
     flat = flatten_valid(h_s, h_t, tokens, mask)
     n = flat.tokens.numel()
     coeff = torch.full((n,), 1.0 / max(n, 1), device=h_s.device)
@@ -156,8 +154,7 @@ def _reopold_stats(flat: FlatBatch, weight, temperature: float, chunk_size: int)
     return torch.cat(rewards), torch.cat(entropies)
 
 
-def reopold_loss_chunked(h_s, h_t, weight, tokens, mask, *, temperature=1.1, lam=0.1, beta=0.2, step: int, t_switch=50,
-                         chunk_size=256):
+def reopold_loss_chunked(h_s, h_t, weight, tokens, mask, *, temperature, lam, beta, step: int, t_switch, chunk_size):
     flat = flatten_valid(h_s, h_t, tokens, mask)
     if flat.tokens.numel() == 0:
         return (h_s.sum() * 0.0).float()

@@ -60,14 +60,6 @@ def _fill_defaults(instance: Any, schema: dict, root: dict) -> None:
         for part in ref[2:].split("/"):
             target = target[part]
         _fill_defaults(instance, target, root)
-    for sub in schema.get("allOf", []):
-        cond = sub.get("if")
-        if cond is not None and isinstance(instance, dict):
-            # `if: {properties: {<key>: {const: <value>}}}` branches (source kind, loss): fill the
-            # matching branch's defaults.
-            consts = {k: v["const"] for k, v in cond.get("properties", {}).items() if isinstance(v, dict) and "const" in v}
-            if consts and all(instance.get(k) == v for k, v in consts.items()):
-                _fill_defaults(instance, sub.get("then", {}), root)
     if not isinstance(instance, dict):
         return
     for name, sub in schema.get("properties", {}).items():
@@ -82,6 +74,15 @@ def _fill_defaults(instance: Any, schema: dict, root: dict) -> None:
         for name, value in instance.items():
             if name not in schema.get("properties", {}):
                 _fill_defaults(value, extra, root)
+    # `if: {properties: {<key>: {const: <value>}}}` branches (source kind, loss): fill the matching
+    # branch's defaults, after the plain properties so that a branch finds their defaults in place
+    # (a method given without `params` gets its loss's parameter defaults).
+    for sub in schema.get("allOf", []):
+        cond = sub.get("if")
+        if cond is not None:
+            consts = {k: v["const"] for k, v in cond.get("properties", {}).items() if isinstance(v, dict) and "const" in v}
+            if consts and all(instance.get(k) == v for k, v in consts.items()):
+                _fill_defaults(instance, sub.get("then", {}), root)
 
 
 def _semantic_problems(cfg: dict) -> list[str]:
@@ -163,9 +164,14 @@ def _semantic_problems(cfg: dict) -> list[str]:
     if diag is not None:
         if diag.get("model") is not None and diag["model"] not in cfg["models"]:
             problems.append(f"diagnostic.model: {diag['model']!r} is not a configured model")
-        for name in diag["datasets"]:
+        for name, count in diag["datasets"].items():
             if name not in cfg["benchmarks"]:
                 problems.append(f"diagnostic.datasets.{name}: not a configured benchmark ({', '.join(cfg['benchmarks'])})")
+                continue
+            rows = cfg["benchmarks"][name].get("expected_rows")
+            if rows is not None and count > rows:
+                problems.append(f"diagnostic.datasets.{name}: asks for {count} problems drawn without replacement, "
+                                f"the benchmark has {rows} (benchmarks.{name}.expected_rows)")
         if diag["labels"]["v_low"] > diag["labels"]["v_high"]:
             problems.append("diagnostic.labels.v_low: must not exceed diagnostic.labels.v_high")
         if diag["candidates"]["children"] > diag["teacher_pass"]["top_k"]:
@@ -276,9 +282,8 @@ def backend_options(cfg: dict, model: str) -> dict:
 
 def grading_options(cfg: dict) -> dict:
     """The grading settings that determine verdicts (rule params of ``grade``)."""
-    g = cfg.get("grading", {})
-    return {"timeout": g.get("timeout", 5), "string_fallback": g.get("string_fallback", "parse_failure"),
-            "gold_wrapping": g.get("gold_wrapping", "dollar")}
+    g = cfg["grading"]
+    return {k: g[k] for k in ("timeout", "maj_budget", "string_fallback", "gold_wrapping")}
 
 
 def trained_models(cfg: dict) -> list[str]:
@@ -309,8 +314,7 @@ def training_config(cfg: dict, model: str, method: str) -> dict:
     tr, meth, entry = cfg["training"], cfg["methods"][method], cfg["models"][model]
     return {
         "method": meth["loss"],
-        "loss": dict(meth.get("params", {})),
-        "reopold_t_switch": meth.get("t_switch", 50),
+        "loss": dict(meth["params"]),
         "temperature": tr["temperature"],
         "clip": tr["clip"],
         "opsd_upcast": tr["opsd_upcast"],
@@ -333,6 +337,34 @@ def training_config(cfg: dict, model: str, method: str) -> dict:
         "chunk_size": tr["chunk_size"],
         "rollout_batch_size": tr["rollout_batch_size"],
     }
+
+
+def schema_defaults(section: str, entry: dict | None = None) -> dict:
+    """A config section as the schema fills it: ``training`` or a ``methods`` entry (give at least
+    its ``loss``), with every omitted key at its schema default. The schema is the only place
+    defaults live; tools and tests that need "the paper's setting" ask it here."""
+    schema = load_schema()
+    sub = schema["properties"][section]
+    if section == "methods":
+        sub = sub["additionalProperties"]
+    filled = copy.deepcopy(entry or {})
+    _fill_defaults(filled, sub, schema)
+    return filled
+
+
+def loss_keywords(loss: str, **params) -> dict:
+    """Keyword arguments of a reference loss function (:mod:`pwopsd.losses`) with the schema's
+    defaults: the loss's own parameters plus the shared distillation temperature (and the clamp of
+    the forward-KL losses); ``params`` override them."""
+    train = schema_defaults("training")
+    kw = {"temperature": train["temperature"]}
+    if loss in ("opsd", "pwopsd"):
+        kw["clip"] = train["clip"]
+    kw.update(schema_defaults("methods", {"loss": loss})["params"])
+    unknown = set(params) - set(kw) - ({"upcast"} if loss == "opsd" else set())
+    if unknown:
+        raise ConfigError(f"loss {loss}: unknown parameter(s) {', '.join(sorted(unknown))}")
+    return {**kw, **params}
 
 
 def eval_models(cfg: dict) -> list[str]:

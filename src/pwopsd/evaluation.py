@@ -9,17 +9,21 @@ from typing import Any
 
 import pandas as pd
 
-from .grading import STATUS_TIMEOUT, GraderPool, extract_boxed
+from .grading import STATUS_OVER_BUDGET, STATUS_TIMEOUT, GraderPool, extract_boxed
 from .metrics import METRICS, aggregate_seeds, clustering_pairs, maj_clusters, metrics_from_grades
 
 log = logging.getLogger(__name__)
 
 
-def grade_generations(generations: pd.DataFrame, benchmark: pd.DataFrame, pool: GraderPool) -> tuple[pd.DataFrame, pd.DataFrame]:
+def grade_generations(generations: pd.DataFrame, benchmark: pd.DataFrame, pool: GraderPool,
+                      maj_budget: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Grade every sample and compute every problem's metrics.
 
-    Returns (graded samples, per-problem metrics). All gold comparisons and all clustering
-    comparisons are sent to the pool as one batch, so identical pairs are graded once.
+    Returns (graded samples, per-problem metrics). All gold comparisons are sent to the pool as one
+    batch (identical pairs graded once); each problem's Maj@N clustering comparisons are one batch
+    with a wall-clock budget of ``maj_budget`` seconds (``grading.maj_budget``; ``None``: no budget):
+    a prediction with a comparison left ungraded when it runs out joins the INVALID cluster, so one
+    problem of hostile outputs (N^2 grades of up to ``grading.timeout`` each) cannot stall the job.
     """
     gold = benchmark.set_index("id")["answer"].astype(str)
     missing = set(generations["problem_id"]) - set(gold.index)
@@ -35,21 +39,26 @@ def grade_generations(generations: pd.DataFrame, benchmark: pd.DataFrame, pool: 
     df["grade_status"] = [g.status for g in grades]
     df["grade_seconds"] = [round(g.seconds, 6) for g in grades]
 
-    groups = {pid: grp for pid, grp in df.groupby("problem_id", sort=False)}
-    pairs = sorted({pair for grp in groups.values() for pair in clustering_pairs(list(grp["extracted"].where(grp["formatted"], None)))})
-    eq = pool.grade_pairs([(ref, pred, False) for ref, pred in pairs])
-    table = {pair: g.correct for pair, g in zip(pairs, eq)}
-    equivalent = lambda ref, pred: table.get((ref, pred), False)  # noqa: E731
-    log.info("graded %d samples and %d clustering pairs in %.1fs (%s)", len(df), len(pairs), time.time() - t0, pool.stats)
-
-    rows, labels = [], {}
-    for pid, grp in groups.items():
+    rows, labels, n_pairs = [], {}, 0
+    for pid, grp in df.groupby("problem_id", sort=False):
         preds = [p if f else None for p, f in zip(grp["extracted"], grp["formatted"])]
-        m = metrics_from_grades(preds, list(grp["correct"]), equivalent)
-        lab, winner = maj_clusters([p is not None for p in preds], lambda i, j: equivalent(preds[j], preds[i]))
+        pairs = clustering_pairs(preds)
+        eq = pool.grade_pairs([(ref, pred, False) for ref, pred in pairs], budget=maj_budget)
+        n_pairs += len(pairs)
+        table = {pair: g.correct for pair, g in zip(pairs, eq)}
+        undecided = {p for pair, g in zip(pairs, eq) if g.status == STATUS_OVER_BUDGET for p in pair}
+        if undecided:
+            log.warning("problem %s: Maj@N clustering ran out of its %.0fs budget; %d of %d distinct predictions "
+                        "join the INVALID cluster", pid, maj_budget, len(undecided), len(set(preds) - {None}))
+        equivalent = lambda ref, pred, table=table: table.get((ref, pred), False)  # noqa: E731
+        m = metrics_from_grades(preds, list(grp["correct"]), equivalent, undecided=undecided)
+        lab, winner = maj_clusters([p is not None and p not in undecided for p in preds],
+                                   lambda i, j: equivalent(preds[j], preds[i]))
         for idx, label in zip(grp.index, lab):
             labels[idx] = label
-        rows.append({"problem_id": pid, "n": len(grp), "gold": gold[pid], "maj_winner": winner, **m})
+        rows.append({"problem_id": pid, "n": len(grp), "gold": gold[pid], "maj_winner": winner,
+                     "maj_over_budget": len(undecided), **m})
+    log.info("graded %d samples and %d clustering pairs in %.1fs (%s)", len(df), n_pairs, time.time() - t0, pool.stats)
     df["maj_cluster"] = pd.Series(labels)
     return df, pd.DataFrame(rows)
 
@@ -59,8 +68,9 @@ def seed_summary(problems: pd.DataFrame) -> dict[str, float]:
     return {m: float(100 * problems[m].mean()) for m in METRICS}
 
 
-def grade_run(generations: pd.DataFrame, benchmark: pd.DataFrame, *, pool: GraderPool, meta: dict[str, Any]) -> tuple[pd.DataFrame, dict]:
-    graded, problems = grade_generations(generations, benchmark, pool)
+def grade_run(generations: pd.DataFrame, benchmark: pd.DataFrame, *, pool: GraderPool, meta: dict[str, Any],
+              maj_budget: float | None = None) -> tuple[pd.DataFrame, dict]:
+    graded, problems = grade_generations(generations, benchmark, pool, maj_budget)
     summary = {
         **meta,
         "num_problems": int(len(problems)),

@@ -40,6 +40,7 @@ STATUS_OK = "ok"
 STATUS_TIMEOUT = "timeout"
 STATUS_CRASHED = "crashed"
 STATUS_UNFORMATTED = "unformatted"
+STATUS_OVER_BUDGET = "over_budget"  # not graded: the batch's time budget ran out first
 
 
 def extract_boxed(text: str | None) -> str | None:
@@ -216,7 +217,7 @@ class GraderPool:
             # replacements included, then start warm.
             grade_pair("1", "1", options)
         self._workers: list[_Worker] = []
-        self.stats = {"graded": 0, "deduplicated": 0, "timeouts": 0, "crashes": 0, "restarts": 0}
+        self.stats = {"graded": 0, "deduplicated": 0, "timeouts": 0, "crashes": 0, "restarts": 0, "over_budget": 0}
 
     def __enter__(self):
         return self
@@ -237,8 +238,12 @@ class GraderPool:
         while len(self._workers) < self.n_workers:
             self._workers.append(_Worker(self._ctx, self.options))
 
-    def grade_pairs(self, pairs: Sequence[tuple[str, str | None]] | Sequence[tuple[str, str | None, bool]]) -> list[Grade]:
-        """Grade ``(gold, pred[, gold_is_reference])`` pairs; ``pred=None`` is unformatted (False)."""
+    def grade_pairs(self, pairs: Sequence[tuple[str, str | None]] | Sequence[tuple[str, str | None, bool]],
+                    budget: float | None = None) -> list[Grade]:
+        """Grade ``(gold, pred[, gold_is_reference])`` pairs; ``pred=None`` is unformatted (False).
+
+        ``budget``: wall-clock seconds for the whole batch; pairs not graded when it runs out get
+        status ``over_budget`` (False), their workers are stopped and replaced."""
         results: list[Grade | None] = [None] * len(pairs)
         unique: dict[tuple, list[int]] = {}
         for i, pair in enumerate(pairs):
@@ -249,13 +254,19 @@ class GraderPool:
                 continue
             unique.setdefault((gold, str(pred), ref), []).append(i)
         self.stats["deduplicated"] += sum(len(v) - 1 for v in unique.values())
-        for key, grade in self._run(list(unique)):
+        deadline = None if budget is None else time.monotonic() + max(0.0, float(budget))
+        for key, grade in self._run(list(unique), deadline):
             for i in unique[key]:
                 results[i] = grade
         return results  # type: ignore[return-value]
 
-    def _run(self, tasks: list[tuple]) -> Iterable[tuple[tuple, Grade]]:
+    def _run(self, tasks: list[tuple], deadline: float | None = None) -> Iterable[tuple[tuple, Grade]]:
         if not tasks:
+            return
+        if deadline is not None and time.monotonic() >= deadline:
+            self.stats["over_budget"] += len(tasks)
+            for task in tasks:
+                yield task, Grade(False, STATUS_OVER_BUDGET, 0.0)
             return
         self._ensure_workers()
         pending = collections.deque(tasks)
@@ -276,7 +287,19 @@ class GraderPool:
                         w.conn.send([(t, *t) for t in chunk])
                 busy = [w for w in self._workers if w.inflight]
                 now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    left = [t for w in busy for t in w.inflight] + list(pending)
+                    self.stats["over_budget"] += len(left)
+                    for task in left:
+                        yield task, Grade(False, STATUS_OVER_BUDGET, 0.0)
+                    pending.clear()
+                    for w in busy:
+                        w.inflight.clear()
+                        self._replace(w)
+                    break
                 next_deadline = min(w.started + self.timeout for w in busy)
+                if deadline is not None:
+                    next_deadline = min(next_deadline, deadline)
                 ready = wait([w.conn for w in busy], timeout=max(0.0, next_deadline - now))
                 by_conn = {id(w.conn): w for w in busy}
                 for conn in ready:
@@ -335,12 +358,17 @@ def grade_answers(predictions: Sequence[str | None], golds: Sequence[str], *, wo
         return [g.correct for g in pool.grade_pairs(list(zip(golds, predictions)))]
 
 
-def answer_grader(grading: dict, workers: int):
-    """``grade(predictions, golds) -> list[bool]`` from the rule's grading params
-    (``pwopsd.config.grading_options``: the options plus ``timeout``)."""
+def pool_settings(grading: dict) -> tuple[float, float, GradingOptions]:
+    """(per-grade hard limit, Maj@N clustering budget per problem, verdict options) from the
+    rule's grading params (``pwopsd.config.grading_options``)."""
     opts = dict(grading)
-    timeout = opts.pop("timeout")
-    options = GradingOptions(**opts)
+    timeout, maj_budget = float(opts.pop("timeout")), float(opts.pop("maj_budget"))
+    return timeout, maj_budget, GradingOptions(**opts)
+
+
+def answer_grader(grading: dict, workers: int):
+    """``grade(predictions, golds) -> list[bool]`` from the rule's grading params."""
+    timeout, _, options = pool_settings(grading)
 
     def grade(predictions, golds):
         return grade_answers(predictions, golds, workers=max(1, int(workers)), timeout=timeout, options=options)

@@ -54,6 +54,37 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+class ResultFileError(ValueError):
+    """An input file of a job cannot be read; the message names the file and what to do."""
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """Parse a JSON file, naming the file when it is missing or not valid JSON (a truncated file
+    left by a killed job, a hand edit)."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise ResultFileError(f"{path}: file does not exist") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ResultFileError(f"{path}: not valid JSON ({exc}; {len(text)} bytes); delete it so that the job "
+                              "writing it runs again") from None
+
+
+def read_parquet(path: str | os.PathLike, **kwargs):
+    """Read a parquet file into pandas, naming the file when it cannot be read."""
+    import pandas as pd
+
+    try:
+        return pd.read_parquet(path, **kwargs)
+    except FileNotFoundError:
+        raise ResultFileError(f"{path}: file does not exist") from None
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        raise ResultFileError(f"{path}: not a readable parquet file ({str(exc)[:300]}); delete it so that the job "
+                              "writing it runs again") from None
+
+
 def write_json(obj: Any, path: str | os.PathLike) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")

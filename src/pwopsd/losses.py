@@ -13,6 +13,10 @@ predicts token ``tokens[:, t]``), ``mask``/``tokens`` ``[B, T]``. ``mask`` is 1 
 * :func:`reopold_loss`: REOPOLD's clipped log-ratio reward policy gradient with the exploration /
   refinement phase switch (Ko et al. 2026, as the reference implements it).
 
+Every parameter is a required keyword: the defaults (the paper's settings) live only in the config
+schema (``pwopsd.config.loss_keywords`` returns them). ``upcast`` is not a config default but the
+fp32 computation of the reference forms (the trainer passes ``training.opsd_upcast``).
+
 These forms materialize ``[B, T, V]`` tensors; the training path computes the same values in
 sequence chunks from hidden states (``pwopsd.chunked``).
 """
@@ -23,15 +27,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-
-# The PW-OPSD schedules of the paper (w_min, tau, s).
-SCHEDULES = {
-    "mild": (0.50, 0.20, 0.20),
-    "moderate": (0.25, 0.30, 0.10),
-    "sharp": (0.10, 0.40, 0.05),
-    "aggressive": (0.05, 0.50, 0.05),
-}
-
 
 def normalized_positions(mask: torch.Tensor) -> torch.Tensor:
     """``r = (k - 0.5) / L_i`` for the k-th valid token of row i (k = 1..L_i); 0 elsewhere."""
@@ -73,7 +68,7 @@ def _zero_with_grad(x: torch.Tensor) -> torch.Tensor:
     return (x.sum() * 0.0).float()
 
 
-def opsd_loss(student_logits, teacher_logits, mask, *, temperature: float = 1.1, clip: float = 0.05,
+def opsd_loss(student_logits, teacher_logits, mask, *, temperature: float, clip: float | None,
               upcast: bool = True) -> torch.Tensor:
     m = mask.to(torch.float32)
     per_token = clipped_forward_kl_terms(student_logits, teacher_logits, temperature=temperature, clip=clip, upcast=upcast)
@@ -83,8 +78,8 @@ def opsd_loss(student_logits, teacher_logits, mask, *, temperature: float = 1.1,
     return (per_token.float() * m).sum() / n
 
 
-def pwopsd_loss(student_logits, teacher_logits, mask, *, temperature: float = 1.1, clip: float = 0.05,
-                w_min: float = 0.25, tau: float = 0.30, s: float = 0.10, reduction: str = "per_sequence") -> torch.Tensor:
+def pwopsd_loss(student_logits, teacher_logits, mask, *, temperature: float, clip: float | None,
+                w_min: float, tau: float, s: float, reduction: str) -> torch.Tensor:
     per_token = clipped_forward_kl_terms(student_logits, teacher_logits, temperature=temperature, clip=clip)
     return reduce_weighted(per_token, mask, position_weights(mask, w_min=w_min, tau=tau, s=s), reduction=reduction)
 
@@ -110,8 +105,8 @@ def _gather(logp: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
 
 
-def eopd_token_loss(student_logits, teacher_logits, tokens, *, temperature: float = 1.1, entropy_threshold: float = 0.8,
-                    top_k: int = 16, ppo_eps: float = 0.2) -> torch.Tensor:
+def eopd_token_loss(student_logits, teacher_logits, tokens, *, temperature: float, entropy_threshold: float,
+                    top_k: int, ppo_eps: float) -> torch.Tensor:
     """Per-token EOPD loss ``L_OPD + gate * L_FKL`` for logits ``[..., V]`` and tokens ``[...]``."""
     s = student_logits.float() / temperature
     t = teacher_logits.detach().float() / temperature
@@ -129,8 +124,8 @@ def eopd_token_loss(student_logits, teacher_logits, tokens, *, temperature: floa
     return l_opd + gate * l_fkl
 
 
-def eopd_loss(student_logits, teacher_logits, tokens, mask, *, temperature: float = 1.1, entropy_threshold: float = 0.8,
-              top_k: int = 16, ppo_eps: float = 0.2) -> torch.Tensor:
+def eopd_loss(student_logits, teacher_logits, tokens, mask, *, temperature: float, entropy_threshold: float,
+              top_k: int, ppo_eps: float) -> torch.Tensor:
     m = mask.to(torch.float32)
     per_token = eopd_token_loss(student_logits, teacher_logits, tokens, temperature=temperature,
                                 entropy_threshold=entropy_threshold, top_k=top_k, ppo_eps=ppo_eps)
@@ -144,8 +139,8 @@ def reopold_floor(lam: float) -> float:
     return math.log(lam) / (1 - lam)
 
 
-def reopold_loss(student_logits, teacher_logits, tokens, mask, *, temperature: float = 1.1, lam: float = 0.1,
-                 beta: float = 0.2, step: int, t_switch: int = 50) -> torch.Tensor:
+def reopold_loss(student_logits, teacher_logits, tokens, mask, *, temperature: float, lam: float,
+                 beta: float, step: int, t_switch: int) -> torch.Tensor:
     valid = mask.to(torch.float32)
     log_ps = F.log_softmax(student_logits.float() / temperature, dim=-1)
     log_pt = F.log_softmax(teacher_logits.detach().float() / temperature, dim=-1)

@@ -84,13 +84,16 @@ def clustering_pairs(predictions: Sequence[str | None]) -> list[tuple[str, str]]
 
 
 def metrics_from_grades(predictions: Sequence[str | None], correct: Sequence[bool],
-                        equivalent: Callable[[str, str], bool]) -> dict:
+                        equivalent: Callable[[str, str], bool], undecided: set[str] | frozenset = frozenset()) -> dict:
     """Metrics of one problem given per-sample correctness and an equivalence of two predictions
-    (``equivalent(a, b)``: is ``b`` equivalent to ``a`` taken as the reference)."""
+    (``equivalent(a, b)``: is ``b`` equivalent to ``a`` taken as the reference). Predictions in
+    ``undecided`` (their clustering comparisons ran out of time) join the INVALID cluster for
+    Maj@N; every other metric is unaffected."""
     n = len(predictions)
     if n == 0:
         raise ValueError("a problem needs at least one prediction")
     formatted = [p is not None for p in predictions]
+    clustered = [p is not None and p not in undecided for p in predictions]
 
     def equiv(i: int, j: int) -> bool:
         # The reference's grade_answer(pred_i, pred_j): pred_j is the reference (gold) side.
@@ -99,7 +102,7 @@ def metrics_from_grades(predictions: Sequence[str | None], correct: Sequence[boo
     return {
         "avg": float(np.mean(correct)),
         "pass": float(any(correct)),
-        "maj": float(maj_at_n(formatted, correct, equiv)),
+        "maj": float(maj_at_n(clustered, correct, equiv)),
         "maj_string": float(maj_string_at_n(predictions, correct)),
         "format_rate": float(np.mean(formatted)),
     }

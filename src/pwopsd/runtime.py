@@ -10,15 +10,64 @@ import sys
 from importlib import metadata
 
 
+MAX_LOG_MESSAGE = 2000  # characters of one log message; the rest is cut (hostile model outputs can be 100 KB)
+
+
+class TruncateLongMessages(logging.Filter):
+    """Cut a log message to ``limit`` characters, saying how long it was. Libraries log whole
+    inputs (math-verify: ``Timeout during parsing: <the prediction>``), and a generated answer can
+    be tens of kilobytes on one line."""
+
+    def __init__(self, limit: int = MAX_LOG_MESSAGE):
+        super().__init__()
+        self.limit = limit
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if len(message) > self.limit:
+            record.msg = f"{message[: self.limit]} ... [{len(message) - self.limit} more characters cut]"
+            record.args = ()
+        return True
+
+
+def one_line_cause(exc: BaseException, limit: int = 500) -> str:
+    """``ExceptionType: first line of the message`` (cut to ``limit`` characters): what a job
+    prints on the console when it fails, the full traceback going to its log."""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    if len(text) > 1:
+        first += f" (+{len(text) - 1} more lines in the log)"
+    if len(first) > limit:
+        first = first[:limit] + " ..."
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _report_on_console(log_path: str):
+    previous = sys.excepthook
+
+    def hook(kind, exc, tb):
+        previous(kind, exc, tb)  # the traceback, into the log (sys.stderr is the log)
+        if not issubclass(kind, KeyboardInterrupt):
+            print(f"pwopsd job failed: {one_line_cause(exc)} (traceback in {log_path})", file=sys.__stderr__, flush=True)
+
+    sys.excepthook = hook
+
+
 def setup_logging(log_path: str | None = None, level: int = logging.INFO) -> logging.Logger:
-    """Send logging (and stderr, so tracebacks and progress bars land there too) to ``log_path``."""
+    """Send logging (and stderr, so tracebacks and progress bars land there too) to ``log_path``;
+    a job that fails still prints its one-line cause on the console. Long messages are cut."""
+    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     if log_path:
         os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
         stream = open(log_path, "a", buffering=1)
         sys.stderr = stream
-        logging.basicConfig(stream=stream, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+        logging.basicConfig(stream=stream, level=level, format=fmt, force=True)
+        _report_on_console(log_path)
     else:
-        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(level=level, format=fmt)
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, TruncateLongMessages) for f in handler.filters):
+            handler.addFilter(TruncateLongMessages())
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     return logging.getLogger("pwopsd")

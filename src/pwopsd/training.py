@@ -24,7 +24,7 @@ import json
 import logging
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -44,30 +44,33 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 @dataclass
 class TrainConfig:
-    method: str = "pwopsd"  # opsd | pwopsd | eopd | reopold
-    loss: dict[str, Any] = field(default_factory=dict)  # method keyword arguments (w_min, tau, s, reduction, ...)
-    temperature: float = 1.1  # distillation temperature (= rollout temperature, as in the reference)
-    clip: float = 0.05
-    opsd_upcast: bool = False  # reference OPSD computes its loss in the model dtype (bf16 on GPU)
-    lora_r: int = 64
-    lora_alpha: int = 128
-    lora_dropout: float = 0.0  # paper says 0.05; the reference's GOLDConfig zeroes it (effective 0)
-    lora_targets: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
-    lr: float = 5e-6
-    max_steps: int = 150
-    save_every: int = 25
-    grad_clip: float = 0.1
-    per_device_batch_size: int = 4
-    gradient_accumulation_steps: int = 2
-    seed: int = 42
-    rollout_top_p: float = 0.95
-    rollout_top_k: int = 20
-    max_completion_length: int = 1024
-    chunk_size: int = 128
-    rollout_batch_size: int = 64
-    position_ids: str = "reference"  # reference (prompt-PAD gap kept) | contiguous
-    reopold_t_switch: int = 50
-    gradient_checkpointing: bool = True  # the reference launchers' setting; memory only, values unchanged
+    """The settings of one training run, built from the validated config by
+    :func:`pwopsd.config.training_config` (rule ``train``). No field has a default here: the
+    config schema is the one place defaults live (``config.schema_defaults("training")``)."""
+
+    method: str  # loss: opsd | pwopsd | eopd | reopold
+    loss: dict[str, Any]  # the loss's parameters (methods.<name>.params, schema defaults filled)
+    temperature: float  # distillation temperature (= rollout temperature, as in the reference)
+    clip: float
+    opsd_upcast: bool  # the reference OPSD computes its loss in the model dtype (bf16 on GPU)
+    lora_r: int
+    lora_alpha: int
+    lora_dropout: float  # paper says 0.05; the reference's GOLDConfig zeroes it (effective 0)
+    lora_targets: list[str]
+    lr: float
+    max_steps: int
+    save_every: int
+    grad_clip: float
+    per_device_batch_size: int
+    gradient_accumulation_steps: int
+    seed: int
+    rollout_top_p: float
+    rollout_top_k: int
+    max_completion_length: int
+    chunk_size: int
+    rollout_batch_size: int
+    position_ids: str  # reference (prompt-PAD gap kept) | contiguous
+    gradient_checkpointing: bool  # the reference launchers' setting; memory only, values unchanged
 
     @property
     def rank_batch(self) -> int:
@@ -146,7 +149,7 @@ def method_loss(cfg: TrainConfig, h_s, h_t, weight, tokens, mask, step: int) -> 
                                    chunk_size=cfg.chunk_size, **kw)
     if cfg.method == "reopold":
         return C.reopold_loss_chunked(h_s, h_t, weight, tokens, mask, temperature=cfg.temperature, step=step,
-                                      t_switch=cfg.reopold_t_switch, chunk_size=cfg.chunk_size, **kw)
+                                      chunk_size=cfg.chunk_size, **kw)
     raise ValueError(f"unknown method {cfg.method!r} (opsd, pwopsd, eopd, reopold)")
 
 

@@ -163,6 +163,25 @@ def reproduction_inputs(wildcards):
     return files
 
 
+def local_source_file(entry):
+    """A dataset entry's local file as a declared input, so that editing the file reruns its
+    prepare job and everything downstream. A file that is not there yet is left out of the DAG
+    (the paper's HMMT parquet is not distributed, and a dry run must still plan); the prepare job
+    then fails naming `<key>.source.path` and the file."""
+    source = (entry or {}).get("source", {})
+    if source.get("kind") != "local" or not Path(source["path"]).is_file():
+        return []
+    return [source["path"]]
+
+
+def benchmark_source_file(wildcards):
+    return local_source_file(config["benchmarks"][wildcards.benchmark])
+
+
+def train_corpus_source_file(wildcards):
+    return local_source_file(config.get("train_corpus"))
+
+
 def all_data():
     """Every prepared dataset (benchmarks and, when configured, the training corpus)."""
     files = expand("results/data/benchmarks/{benchmark}.parquet", benchmark=BENCHMARKS)

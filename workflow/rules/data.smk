@@ -1,9 +1,13 @@
 # Data preparation: every benchmark and the training corpus become normalized parquet tables
 # (id, problem, answer[, solution] + source fields) with a manifest of what was used.
 # The hub settings (cache dir, offline) are execution settings the script reads from the config.
+# A local source file is a declared input (an edit reruns the dataset and what depends on it); a
+# Hub source is pinned by its 40-hex revision, a param.
 
 
 rule prepare_benchmark:
+    input:
+        source=benchmark_source_file,
     output:
         table="results/data/benchmarks/{benchmark}.parquet",
         manifest="results/data/benchmarks/{benchmark}.json",
@@ -20,6 +24,8 @@ rule prepare_benchmark:
 
 
 rule prepare_train_corpus:
+    input:
+        source=train_corpus_source_file,
     output:
         table="results/data/train_corpus.parquet",
         manifest="results/data/train_corpus.json",

@@ -1,19 +1,14 @@
 """Rule aggregate_metrics: per-seed metrics of every evaluated run -> tidy tables over seeds."""
 
-import json
-
 from pwopsd.evaluation import aggregate
-from pwopsd.io import atomic_path, write_parquet
+from pwopsd.io import atomic_path, read_json, write_parquet
 from pwopsd.runtime import setup_logging, write_job_provenance
 from pwopsd.standalone import standalone_snakemake
 
 
 def main(snakemake):
     log = setup_logging(snakemake.log[0])
-    summaries = []
-    for path in snakemake.input.metrics:
-        with open(path) as fh:
-            summaries.append(json.load(fh))
+    summaries = [read_json(path) for path in snakemake.input.metrics]
     per_seed, agg = aggregate(summaries, list(snakemake.params.benchmarks))
     with atomic_path(snakemake.output.per_seed) as tmp:
         per_seed.to_csv(tmp, index=False)

@@ -1,16 +1,15 @@
 """Rule branch_auroc_figure: Figure 1 (failure rate by position vs entropy; reliability curve with
 the PW-OPSD schedule) and the scatter/histogram figure, each with its plotted data as CSV."""
 
-import pandas as pd
-
 from pwopsd.figures import branch_auroc_figure, branch_scatter_figure
+from pwopsd.io import read_parquet
 from pwopsd.runtime import setup_logging, write_job_provenance
 from pwopsd.standalone import standalone_snakemake
 
 
 def main(snakemake):
     log = setup_logging(snakemake.log[0])
-    scored = pd.read_parquet(snakemake.input.scored)
+    scored = read_parquet(snakemake.input.scored)
     if snakemake.params.correct_spines_only:
         scored = scored[scored["spine_correct"]]
     fig = dict(snakemake.params.figure)

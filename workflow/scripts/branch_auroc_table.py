@@ -1,10 +1,8 @@
 """Rule branch_auroc_table: Table 1 (+ its numbers as CSV) from the Phase G summary."""
 
-import json
-
 import pandas as pd
 
-from pwopsd.io import atomic_path
+from pwopsd.io import atomic_path, read_json
 from pwopsd.runtime import setup_logging, write_job_provenance
 from pwopsd.standalone import standalone_snakemake
 from pwopsd.tables import branch_auroc_table
@@ -12,7 +10,7 @@ from pwopsd.tables import branch_auroc_table
 
 def main(snakemake):
     log = setup_logging(snakemake.log[0])
-    summary = json.loads(open(snakemake.input.summary).read())
+    summary = read_json(snakemake.input.summary)
     with atomic_path(snakemake.output.tex) as tmp:
         tmp.write_text(branch_auroc_table(summary, model_label=snakemake.params.model_label))
     with atomic_path(snakemake.output.csv) as tmp:

@@ -2,11 +2,9 @@
 
 import time
 
-import pandas as pd
-
 from pwopsd.branch_viability import forced_continuation_plan
 from pwopsd.config import backend_options
-from pwopsd.io import write_parquet
+from pwopsd.io import read_parquet, write_parquet
 from pwopsd.models import load_tokenizer, read_manifest
 from pwopsd.runtime import provenance, set_threads, setup_logging
 from pwopsd.sampling import clear_partial, generate_resumable, make_backend, partial_dir
@@ -18,8 +16,8 @@ def main(snakemake):
     set_threads(snakemake.threads)
     s, out = snakemake.params.settings, snakemake.output.continuations
     manifest = read_manifest(snakemake.input.model)
-    requests, keys = forced_continuation_plan(pd.read_parquet(snakemake.input.spines),
-                                              pd.read_parquet(snakemake.input.candidates), s)
+    requests, keys = forced_continuation_plan(read_parquet(snakemake.input.spines),
+                                              read_parquet(snakemake.input.candidates), s)
     t0 = time.time()
     with make_backend(snakemake.params.backend, manifest, dtype=s["dtype"],
                       max_model_len=s["forced_continuation"]["max_model_len"],

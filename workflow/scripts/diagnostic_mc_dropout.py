@@ -1,9 +1,7 @@
 """Rule mc_dropout (diagnostic Phase D): H_full, MI and Dirichlet precision at every candidate."""
 
-import pandas as pd
-
 from pwopsd.branch_viability import run_mc_dropout
-from pwopsd.io import write_parquet
+from pwopsd.io import read_parquet, write_parquet
 from pwopsd.models import load_checkpoint
 from pwopsd.runtime import provenance, set_threads, setup_logging
 from pwopsd.standalone import standalone_snakemake
@@ -14,8 +12,8 @@ def main(snakemake):
     set_threads(snakemake.threads)
     s = snakemake.params.settings
     manifest, model, tokenizer = load_checkpoint(snakemake.input.model, s["dtype"])
-    table = run_mc_dropout(model, tokenizer, pd.read_parquet(snakemake.input.spines),
-                           pd.read_parquet(snakemake.input.candidates), s)
+    table = run_mc_dropout(model, tokenizer, read_parquet(snakemake.input.spines),
+                           read_parquet(snakemake.input.candidates), s)
     write_parquet(table, snakemake.output.mc_dropout, metadata=provenance(manifest, phase="D", settings=s))
     log.info("MC dropout: %d candidates", len(table))
 

@@ -1,18 +1,16 @@
 """Rule branch_scores (diagnostic Phase G): residualized AUROC / AUPRC with cluster-bootstrap CIs."""
 
-import pandas as pd
-
 from pwopsd.branch_viability import branch_auroc_summary, scored_candidates
-from pwopsd.io import write_json, write_parquet
+from pwopsd.io import read_parquet, write_json, write_parquet
 from pwopsd.runtime import provenance, setup_logging
 from pwopsd.standalone import standalone_snakemake
 
 
 def main(snakemake):
     log = setup_logging(snakemake.log[0])
-    spines = pd.read_parquet(snakemake.input.spines)
-    scored = scored_candidates(spines, pd.read_parquet(snakemake.input.candidates),
-                               pd.read_parquet(snakemake.input.mc_dropout), pd.read_parquet(snakemake.input.labels))
+    spines = read_parquet(snakemake.input.spines)
+    scored = scored_candidates(spines, read_parquet(snakemake.input.candidates),
+                               read_parquet(snakemake.input.mc_dropout), read_parquet(snakemake.input.labels))
     summary = branch_auroc_summary(scored, spines, snakemake.params.settings)
     summary["provenance"] = provenance(phase="G", model=snakemake.wildcards.model)
     write_parquet(scored, snakemake.output.scored, metadata=provenance(phase="G", settings=snakemake.params.settings))

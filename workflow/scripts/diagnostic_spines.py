@@ -1,11 +1,9 @@
 """Rule spines (diagnostic Phase A): greedy student-template rollouts with a T=0.7 fallback, graded."""
 
-import pandas as pd
-
 from pwopsd.branch_viability import run_spines, sample_problems
 from pwopsd.config import backend_options
 from pwopsd.grading import answer_grader
-from pwopsd.io import write_parquet
+from pwopsd.io import read_parquet, write_parquet
 from pwopsd.models import load_tokenizer, read_manifest
 from pwopsd.runtime import provenance, set_threads, setup_logging
 from pwopsd.sampling import clear_partial, make_backend, partial_dir
@@ -18,7 +16,7 @@ def main(snakemake):
     s, out = snakemake.params.settings, snakemake.output.spines
     manifest = read_manifest(snakemake.input.model)
     tokenizer = load_tokenizer(manifest)
-    tables = {name: pd.read_parquet(path) for name, path in zip(snakemake.params.datasets, snakemake.input.benchmarks)}
+    tables = {name: read_parquet(path) for name, path in zip(snakemake.params.datasets, snakemake.input.benchmarks)}
     problems = sample_problems(tables, dict(s["datasets"]), int(s["sample_seed"]))
     grade = answer_grader(snakemake.params.grading, snakemake.threads)
     with make_backend(snakemake.params.backend, manifest, dtype=s["dtype"], max_model_len=s["spine"]["max_model_len"],

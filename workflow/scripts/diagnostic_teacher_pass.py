@@ -1,9 +1,7 @@
 """Rule teacher_pass (diagnostic Phase B): teacher-template distributions along every spine."""
 
-import pandas as pd
-
 from pwopsd.branch_viability import run_teacher_pass
-from pwopsd.io import write_parquet
+from pwopsd.io import read_parquet, write_parquet
 from pwopsd.models import load_checkpoint
 from pwopsd.runtime import provenance, set_threads, setup_logging
 from pwopsd.standalone import standalone_snakemake
@@ -14,7 +12,7 @@ def main(snakemake):
     set_threads(snakemake.threads)
     s = snakemake.params.settings
     manifest, model, tokenizer = load_checkpoint(snakemake.input.model, s["dtype"])
-    table = run_teacher_pass(model, tokenizer, pd.read_parquet(snakemake.input.spines), s)
+    table = run_teacher_pass(model, tokenizer, read_parquet(snakemake.input.spines), s)
     write_parquet(table, snakemake.output.teacher_pass, metadata=provenance(manifest, phase="B", settings=s))
     log.info("teacher pass: %d spine positions", len(table))
 

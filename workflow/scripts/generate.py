@@ -1,8 +1,7 @@
 """Rule generate: sample a checkpoint with one evaluation seed on every benchmark."""
 
-import pandas as pd
-
 from pwopsd.config import backend_options
+from pwopsd.io import read_parquet
 from pwopsd.models import read_manifest
 from pwopsd.runtime import set_threads, setup_logging, versions
 from pwopsd.sampling import run_generations
@@ -14,7 +13,7 @@ def main(snakemake):
     set_threads(snakemake.threads)
     wc = snakemake.wildcards
     run_generations(
-        benchmarks=[(name, pd.read_parquet(table), out) for name, table, out in
+        benchmarks=[(name, read_parquet(table), out) for name, table, out in
                     zip(snakemake.params.benchmarks, snakemake.input.benchmarks, snakemake.output.generations)],
         manifest=read_manifest(snakemake.input.model),
         settings=snakemake.params.sampling,

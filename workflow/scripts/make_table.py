@@ -1,9 +1,7 @@
 """Rule table: one of Tables 2-5 from the per-seed metrics of its runs (+ the numbers as CSV)."""
 
-import json
-
 from pwopsd.evaluation import aggregate
-from pwopsd.io import atomic_path
+from pwopsd.io import atomic_path, read_json
 from pwopsd.runtime import setup_logging, write_job_provenance
 from pwopsd.standalone import standalone_snakemake
 from pwopsd.tables import render_table
@@ -11,7 +9,7 @@ from pwopsd.tables import render_table
 
 def main(snakemake):
     log = setup_logging(snakemake.log[0])
-    summaries = [json.loads(open(p).read()) for p in snakemake.input.metrics]
+    summaries = [read_json(p) for p in snakemake.input.metrics]
     _, summary = aggregate(summaries, list(snakemake.params.benchmarks))
     tex = render_table(summary, dict(snakemake.params.spec), list(snakemake.params.benchmarks))
     with atomic_path(snakemake.output.tex) as tmp:

@@ -1,10 +1,8 @@
 """Rule reproduction_report: paper numbers beside reproduced ones (markdown, CSV, figure)."""
 
-import json
-
 import pandas as pd
 
-from pwopsd.io import atomic_path
+from pwopsd.io import atomic_path, read_json
 from pwopsd.reproduction import compare, comparison_figure, load_reference, render_markdown, reproduced_values
 from pwopsd.runtime import setup_logging, write_job_provenance
 from pwopsd.standalone import standalone_snakemake
@@ -12,7 +10,7 @@ from pwopsd.standalone import standalone_snakemake
 
 def main(snakemake):
     log = setup_logging(snakemake.log[0])
-    branch = json.loads(open(snakemake.input.branch).read()) if "branch" in snakemake.input.keys() else None
+    branch = read_json(snakemake.input.branch) if "branch" in snakemake.input.keys() else None
     reproduced = reproduced_values(pd.read_csv(snakemake.input.summary), branch,
                                    diagnostic_model=snakemake.params.diagnostic_model)
     comparison = compare(load_reference(snakemake.input.reference), reproduced)
