@@ -23,6 +23,7 @@ report: "workflow/report/workflow.rst"
 # when a cluster executor is used.
 localrules:
     all,
+    train_all,
     prepare_benchmark,
     prepare_train_corpus,
     fetch_model,

@@ -10,7 +10,7 @@ pathological ones (power towers that hang math-verify, huge exponents), then gra
    signal timeout cannot stop the power towers, so this baseline runs in a child process and a
    sample still running after --serial-cap seconds is recorded as "did not finish" (the child is
    replaced; the reference would hang for minutes);
-2. with ``pwopsd.grading.GraderPool`` (worker processes, hard limit, deduplication) using the
+2. with ``pwopsd.evaluation.grading.GraderPool`` (worker processes, hard limit, deduplication) using the
    reference's grading options, so verdicts must be identical.
 
 Prints samples/s of each, the ratio, the number of hard-limit timeouts and any disagreement.
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pwopsd.grading import GraderPool, GradingOptions, extract_boxed
+from pwopsd.evaluation.grading import GraderPool, GradingOptions, extract_boxed
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
 PATHOLOGICAL = [

@@ -1,7 +1,7 @@
 """Peak memory and time of the reference loss path vs the chunked path, measured in one run.
 
 Reference path: logits = h @ W^T materialized for student and teacher ([B, T, V]), then the loss of
-`pwopsd.losses`, then backward to the student hidden states. Chunked path: `pwopsd.chunked`
+`pwopsd.training.losses`, then backward to the student hidden states. Chunked path: `pwopsd.training.chunked`
 (the same value and gradient). Each measurement runs in a fresh process; on CPU the figure is the
 peak RSS growth over the inputs, on CUDA `torch.cuda.max_memory_allocated` over the inputs.
 
@@ -23,8 +23,8 @@ def measure(args) -> dict:
 
     import torch
 
-    from pwopsd import chunked as C
-    from pwopsd import losses as L
+    from pwopsd.training import chunked as C
+    from pwopsd.training import losses as L
     from pwopsd.config import loss_keywords
 
     torch.manual_seed(0)

@@ -19,7 +19,7 @@ def paper_train_config(loss: str, **overrides):
     """A TrainConfig as the paper config builds it for Qwen3-4B and the paper's method of ``loss``
     (PW-OPSD: Moderate), with ``overrides``: tests take every unstated setting from the config."""
     from pwopsd.config import load_config, training_config
-    from pwopsd.training import TrainConfig
+    from pwopsd.training.loop import TrainConfig
 
     cfg = load_config(REPO / "config" / "config.yaml")
     method = {"opsd": "opsd", "pwopsd": "pwopsd_moderate", "eopd": "eopd", "reopold": "reopold"}[loss]

@@ -1,4 +1,4 @@
-"""The diagnostic's phases on tables (pwopsd.branch_viability): problem draw, token filter, \\boxed
+"""The diagnostic's phases on tables (pwopsd.diagnostic.phases): problem draw, token filter, \\boxed
 position, spines with the fallback, teacher pass + candidates, MC dropout, forced-continuation
 plan, labels with the real grader, Phase G summary (degenerate pools included), Table 1 and the
 figure's binning."""
@@ -9,12 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pwopsd import branch_viability as bv
-from pwopsd import stats
+from pwopsd.diagnostic import phases as bv
+from pwopsd.diagnostic import statistics as stats
 from pwopsd.config import diagnostic_settings, load_config
-from pwopsd.diagnostic import truncated_entropy
-from pwopsd.grading import grade_answers
-from pwopsd.sampling import partial_dir
+from pwopsd.diagnostic.branch_points import truncated_entropy
+from pwopsd.evaluation.grading import grade_answers
+from pwopsd.generation.sampling import partial_dir
 from conftest import REPO
 
 
@@ -227,7 +227,7 @@ def test_degenerate_pools_say_so(labels, correct, status):
 
 
 def test_problem_with_one_candidate_and_table_rendering():
-    from pwopsd.tables import branch_auroc_table
+    from pwopsd.report.tables import branch_auroc_table
 
     R, D = stats.REAL_UNCERTAIN, stats.DIVERSITY
     _, summary = summary_for([R, D, D, R, R])  # the third problem has a single candidate
@@ -243,8 +243,8 @@ def test_problem_with_one_candidate_and_table_rendering():
 def test_binned_failure_rates():
     values = np.array([0.05, 0.15, 0.55, 0.95, 0.99])
     failure = np.array([1.0, 0.0, 0.5, 0.0, 1.0])
-    width = bv.binned_rates(values, failure, 2, quantile=False)
+    width = stats.binned_rates(values, failure, 2, quantile=False)
     assert list(width["n"]) == [2, 3] and width["failure_rate"].tolist() == pytest.approx([0.5, 0.5])
-    quant = bv.binned_rates(values, failure, 5, quantile=True)
+    quant = stats.binned_rates(values, failure, 5, quantile=True)
     assert quant["n"].sum() == 5 and (quant["n"] == 1).all()
     assert quant["failure_rate"].tolist() == [1.0, 0.0, 0.5, 0.0, 1.0]

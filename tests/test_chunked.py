@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from pwopsd import chunked as C
-from pwopsd import losses as L
+from pwopsd.training import chunked as C
+from pwopsd.training import losses as L
 from pwopsd.config import loss_keywords as kw
 
 

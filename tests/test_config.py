@@ -137,7 +137,7 @@ def test_every_training_and_method_key_reaches_the_trainer(paper):
     from dataclasses import MISSING, fields
 
     from pwopsd.config import load_schema, training_config
-    from pwopsd.training import TrainConfig
+    from pwopsd.training.loop import TrainConfig
 
     used_elsewhere = {"eval_step": "rule train/merge_adapter params (the evaluated adapter)",
                       "effective_batch": "checked against models.*.train x gpus.train",
@@ -171,9 +171,9 @@ def test_loss_functions_take_every_setting_from_the_config():
     loss's declared parameters are exactly the keywords its functions take."""
     import inspect
 
-    from pwopsd import chunked as C
-    from pwopsd import losses as L
-    from pwopsd.config import loss_keywords, schema_defaults
+    from pwopsd.training import chunked as C
+    from pwopsd.training import losses as L
+    from pwopsd.config import load_schema, loss_keywords, schema_defaults
 
     for loss, ref, chunked in (("opsd", L.opsd_loss, C.opsd_loss_chunked), ("pwopsd", L.pwopsd_loss, C.pwopsd_loss_chunked),
                                ("eopd", L.eopd_loss, C.eopd_loss_chunked), ("reopold", L.reopold_loss, C.reopold_loss_chunked)):
@@ -184,6 +184,8 @@ def test_loss_functions_take_every_setting_from_the_config():
             defaulted = {n for n, p in kwonly.items() if p.default is not p.empty}
             assert defaulted <= {"upcast"}, (fn.__name__, defaulted)  # fp32 math of the reference forms, not a setting
         assert set(loss_keywords(loss)) >= declared | {"temperature"}
+    schema_losses = load_schema()["properties"]["methods"]["additionalProperties"]["properties"]["loss"]["enum"]
+    assert set(schema_losses) == set(C.LOSSES)  # every configurable loss has a training-path entry, and back
     with pytest.raises(ConfigError, match="loss pwopsd: unknown parameter.*wmin"):
         loss_keywords("pwopsd", wmin=0.3)
 

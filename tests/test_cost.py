@@ -49,3 +49,14 @@ def test_paper_plan_counts_the_dry_run_jobs(paper, capsys):
     cost.main(["--directory", str(REPO), "--all", "--assume", "eval_length_fraction=0.5", "results/tables/main_4b.tex"])
     out = capsys.readouterr().out
     assert "eval_length_fraction=0.5" in out and out.splitlines()[1].startswith("generate")
+
+
+def test_every_gpu_rule_of_the_paper_dag_has_a_cost_model(paper):
+    """A rule that asks for GPUs needs an estimate: the paper DAG's GPU jobs all have one, and a
+    GPU job of an unknown rule is an error rather than a silent zero."""
+    jobs = cost.dry_run_jobs(str(REPO), ["all", "train_all"], forceall=True)
+    gpu_rules = {j.rule for j in jobs if j.gpus}
+    assert gpu_rules == set(cost.GPU_HOURS), gpu_rules ^ set(cost.GPU_HOURS)
+    assert all(cost.job_hours(j, paper) > 0 for j in jobs if j.gpus)
+    with pytest.raises(ValueError, match="rule new_phase asks for 1 GPUs but has no cost model"):
+        cost.job_hours(cost.Job("new_phase", {"model": "qwen3_4b"}, 1), paper)

@@ -4,7 +4,7 @@ unchanged afterwards."""
 import numpy as np
 import pytest
 
-from pwopsd.diagnostic import mc_dropout, select_candidates, truncated_entropy
+from pwopsd.diagnostic.branch_points import mc_dropout, select_candidates, truncated_entropy
 
 EOS, SPECIAL = 0, 1
 VALID = lambda i: i not in (EOS, SPECIAL)  # noqa: E731
@@ -59,14 +59,14 @@ def test_mc_dropout_hooks_are_removed(random_tiny_model):
     x = torch.tensor([[3, 4, 5, 6, 7]])
     with torch.no_grad():
         before = model(input_ids=x).logits
-        with mc_dropout(model, last_layers=2, p=0.5):
+        with mc_dropout(model, last_layers=2, p=0.5, layers="model.layers"):
             a = model(input_ids=x).logits
             b = model(input_ids=x).logits
         after = model(input_ids=x).logits
     assert not torch.equal(a, b) and not torch.equal(a, before)  # dropout active inside
     assert torch.equal(before, after)  # and gone afterwards
     with pytest.raises(RuntimeError):
-        with mc_dropout(model, last_layers=2):
+        with mc_dropout(model, last_layers=2, p=0.1, layers="model.layers"):
             raise RuntimeError("boom")
     with torch.no_grad():
         assert torch.equal(model(input_ids=x).logits, before)
@@ -76,7 +76,7 @@ def test_mc_dropout_hooks_are_removed(random_tiny_model):
 def test_teacher_pass_streams_the_same_distribution(random_tiny_model):
     import torch
 
-    from pwopsd.diagnostic import teacher_pass
+    from pwopsd.diagnostic.branch_points import teacher_pass
 
     prompt, spine = [3, 4, 5, 6], [7, 8, 9, 10, 11, 12, 13]
     out = teacher_pass(random_tiny_model, prompt, spine, top_k=5, chunk_size=3)
@@ -92,7 +92,7 @@ def test_teacher_pass_streams_the_same_distribution(random_tiny_model):
 
 @pytest.mark.vllm_stack
 def test_forced_continuation_requests():
-    from pwopsd.diagnostic import forced_continuation_requests
+    from pwopsd.diagnostic.branch_points import forced_continuation_requests
 
     reqs = forced_continuation_requests([1, 2], [10, 11, 12, 13], 2, [20, 21, 22], n=6, seed=0, max_model_len=12)
     assert [r.prompt_ids for r in reqs] == [(1, 2, 10, 11, 20), (1, 2, 10, 11, 21), (1, 2, 10, 11, 22)]

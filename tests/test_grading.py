@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from conftest import BENCHMARKS, REPO, require_shared
-from pwopsd.grading import STATUS_TIMEOUT, GraderPool, GradingOptions, extract_boxed, grade_answers, grade_pair
+from pwopsd.evaluation.grading import STATUS_TIMEOUT, GraderPool, GradingOptions, extract_boxed, grade_answers, grade_pair
 
 pytestmark = pytest.mark.vllm_stack  # also run under the vLLM stack (tests/test_vllm_stack.py)
 
@@ -151,8 +151,8 @@ def test_identical_pairs_are_graded_once():
 
 def test_grading_path_never_evaluates_model_text():
     """Model outputs reach only math-verify's parser: no eval/exec/sympify in the grading code."""
-    for path in ("grading.py", "metrics.py", "evaluation.py"):
-        src = (REPO / "src" / "pwopsd" / path).read_text()
+    for path in ("grading.py", "metrics.py", "pipeline.py"):
+        src = (REPO / "src" / "pwopsd" / "evaluation" / path).read_text()
         assert not re.search(r"\b(eval|exec|sympify|parse_expr)\s*\(", src), path
 
 
@@ -168,7 +168,7 @@ def test_timeout_inside_a_chunk_blames_only_the_slow_pair():
 
 
 def test_a_batch_budget_leaves_the_rest_ungraded():
-    from pwopsd.grading import STATUS_OVER_BUDGET
+    from pwopsd.evaluation.grading import STATUS_OVER_BUDGET
 
     with GraderPool(workers=2, timeout=5.0) as pool:
         grades = pool.grade_pairs([("1", "1"), ("2", "3")], budget=0)
@@ -181,8 +181,8 @@ def test_maj_clustering_budget_keeps_one_problem_from_stalling_the_job():
     """One problem whose distinct predictions each hang the parser: without a budget its N^2
     clustering comparisons take a hard time limit each (here 8 x 2 s over 2 workers); with a 1 s
     budget the undecided predictions join INVALID and the other problem is graded as usual."""
-    from pwopsd.evaluation import grade_generations
-    from pwopsd.metrics import INVALID
+    from pwopsd.evaluation.pipeline import grade_generations
+    from pwopsd.evaluation.metrics import INVALID
 
     texts = {"p1": ["\\boxed{1}", f"\\boxed{{{POWER_TOWER}}}", f"\\boxed{{{POWER_TOWER} + 1}}", "\\boxed{1}"],
              "p2": ["\\boxed{4}", "\\boxed{4}", "\\boxed{5}"]}

@@ -10,7 +10,7 @@ import torch
 from pathlib import Path
 
 from pwopsd.config import load_config, loss_keywords
-from pwopsd.losses import (
+from pwopsd.training.losses import (
     eopd_loss,
     opsd_loss,
     position_weights,

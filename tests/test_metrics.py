@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pwopsd.metrics import INVALID, aggregate_seeds, maj_clusters, metrics_from_grades, problem_metrics, seed_mean_std
+from pwopsd.evaluation.metrics import INVALID, aggregate_seeds, maj_clusters, metrics_from_grades, problem_metrics, seed_mean_std
 
 # A hand-written equivalence between answer strings (independent of math-verify): same value.
 VALUE = {"1/2": 0.5, "0.5": 0.5, "\\frac12": 0.5, "3": 3, "3.0": 3, "7": 7, "8": 8}

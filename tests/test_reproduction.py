@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO, SHARED, require_shared
-from pwopsd.reproduction import compare, load_reference, render_markdown, reproduced_values
+from pwopsd.report.reproduction import compare, load_reference, render_markdown, reproduced_values
 
 REFERENCE = REPO / "workflow" / "reference" / "paper_results.csv"
 

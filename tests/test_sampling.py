@@ -6,7 +6,7 @@ import pytest
 
 from pwopsd import prompts
 from pwopsd.io import read_parquet_metadata
-from pwopsd.sampling import PromptTooLongError, SamplingConfig, eval_prompt_ids, sample_benchmark
+from pwopsd.generation.sampling import PromptTooLongError, SamplingConfig, eval_prompt_ids, sample_benchmark
 from pwopsd.tiny.model import TinyBuildConfig, check_dev_accuracy
 
 EVAL = {"n": 2, "temperature": 1.0, "top_p": 0.95, "top_k": -1, "max_new_tokens": 8, "max_model_len": 512}

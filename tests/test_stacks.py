@@ -105,7 +105,7 @@ def test_every_env_resolves_as_snakemake_builds_it_with_a_conda_prefix_elsewhere
 def test_a_job_imports_pwopsd_from_the_workflow_src_in_an_env_without_it(tmp_path):
     """The envs hold third-party packages only: a real job, run by Snakemake from an environment
     where pwopsd is not installed, imports it from the workflow's src/; and so do the processes a
-    job starts (the torchrun processes of ``-m pwopsd.train_job``), through the PYTHONPATH that the
+    job starts (the torchrun processes of ``-m pwopsd.training.job``), through the PYTHONPATH that the
     Snakefile exports."""
     import shutil
     import subprocess

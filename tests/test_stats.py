@@ -6,14 +6,14 @@ import math
 import numpy as np
 import pytest
 
-from pwopsd.stats import (
+from pwopsd.diagnostic.phases import label_candidate
+from pwopsd.diagnostic.statistics import (
     DIVERSITY,
     GRAY,
     REAL_UNCERTAIN,
     auprc,
     auroc,
     cluster_bootstrap_ci,
-    label_candidate,
     log_kappa,
     mc_dropout_scores,
     residualize,

@@ -7,8 +7,8 @@ import re
 import pandas as pd
 import pytest
 
-from pwopsd.figures import schedules_figure
-from pwopsd.tables import ablation_table, bold_flags, cell, cross_model_table, method_benchmark_table
+from pwopsd.report.figures import schedules_figure
+from pwopsd.report.tables import ablation_table, bold_flags, cell, cross_model_table, method_benchmark_table
 
 # Qwen3-4B Table 2 of the paper, MATH-500 Pass@12 and AIME 2024 Avg@12 / Maj@12 columns:
 # (opsd, eopd, reopold, pwopsd_moderate, pwopsd_aggressive) -> (mean, std, bold in the paper)

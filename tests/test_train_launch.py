@@ -1,4 +1,4 @@
-"""Training as the train rule launches it: ``pwopsd.train_job.launch`` with 2 processes starts
+"""Training as the train rule launches it: ``pwopsd.training.job.launch`` with 2 processes starts
 torchrun (gloo on CPU) and the result equals one process doing the same micro-batches; a killed
 2-process run resumes; only rank 0 writes checkpoints and the step log; every rank's output and a
 crashing rank's traceback reach the rule's log and fail the job; a run in a world of the wrong
@@ -22,8 +22,9 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import REPO, paper_train_config
+from pwopsd.config import grading_options, load_config
 from pwopsd.tiny.arithmetic import sample_problems
-from pwopsd.train_job import LaunchError, check_world_size, checkpoint_dir, launch, run
+from pwopsd.training.job import LaunchError, check_world_size, checkpoint_dir, launch, run
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +47,8 @@ def _args(d, name, *, accumulation, steps=4, dtype="float32", **train):
                                   max_completion_length=12, chunk_size=16, seed=7, **train))
     (d / name).mkdir(exist_ok=True)
     return {"manifest": str(d / "base.json"), "corpus": str(d / "corpus.parquet"), "train": cfg, "dtype": dtype,
-            "chat_template": {"add_special_tokens": False, "think_closure": True}, "work_dir": str(d / name / "work"),
+            "chat_template": {"add_special_tokens": False, "think_closure": True},
+            "grading": grading_options(load_config(REPO / "config" / "config.yaml")), "work_dir": str(d / name / "work"),
             "eval_step": steps, "adapter_out": str(d / name / "adapter"), "log_out": str(d / name / "train_log.jsonl")}
 
 
@@ -83,7 +85,7 @@ def test_a_killed_two_process_run_resumes_to_the_same_adapter(base):
     full = _launch_2(base, "full", steps=6)
     args = _args(base, "killed", accumulation=2, steps=6)
     (base / "killed" / "args.json").write_text(json.dumps(args))
-    code = ("import json, sys; from pwopsd.train_job import launch; "
+    code = ("import json, sys; from pwopsd.training.job import launch; "
             f"launch(json.load(open({str(base / 'killed' / 'args.json')!r})), processes=2, "
             f"args_path={str(base / 'killed' / 'launch.json')!r}, log_path={str(base / 'killed' / 'rule.log')!r})")
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, cwd=REPO,
@@ -138,7 +140,7 @@ def test_checkpoints_are_keyed_by_everything_that_determines_the_run(base, tmp_p
     def train(a):
         a = {**a, "work_dir": str(checkpoint_dir(root, a))}
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="pwopsd.training"):
+        with caplog.at_level(logging.INFO, logger="pwopsd.training.loop"):
             launch(a, processes=1, args_path=tmp_path / "args.json")
         return Path(a["work_dir"]), caplog.text
 

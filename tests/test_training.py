@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest import paper_train_config
-from pwopsd.grading import integer_answer
+from pwopsd.evaluation.grading import integer_answer
 from pwopsd.tiny.arithmetic import sample_problems
-from pwopsd.training import Example, TrainConfig, Trainer, assemble, data_order
+from pwopsd.training.loop import Example, TrainConfig, Trainer, assemble, data_order
 
 
 def test_assemble_keeps_the_reference_layout():
@@ -90,7 +90,7 @@ def test_killed_run_resumes_to_the_same_adapter(tmp_path, model_factory, tiny_to
 def test_merged_adapter_reproduces_the_trained_model(tmp_path, model_factory, tiny_tokenizer):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pwopsd.training import merge_adapter
+    from pwopsd.training.loop import merge_adapter
 
     tr = _trainer(model_factory, tiny_tokenizer, tmp_path / "run", steps=2)
     tr.train()
@@ -114,7 +114,7 @@ def test_merged_adapter_reproduces_the_trained_model(tmp_path, model_factory, ti
 
 
 def test_gradient_checkpointing_changes_neither_loss_nor_gradients(tmp_path, model_factory, tiny_tokenizer):
-    from pwopsd.diagnostic import decoder_layers
+    from pwopsd.models import decoder_layers
 
     runs = {}
     for on in (False, True):
@@ -147,7 +147,7 @@ def test_bf16_training_merging_and_generation_on_cpu(tmp_path, random_tiny_model
 
     from pwopsd.generation import GenerationRequest
     from pwopsd.generation.hf_backend import HFBackend
-    from pwopsd.training import merge_adapter
+    from pwopsd.training.loop import merge_adapter
 
     def bf16_base():
         return copy.deepcopy(random_tiny_model).to(torch.bfloat16)
@@ -167,7 +167,7 @@ def test_bf16_training_merging_and_generation_on_cpu(tmp_path, random_tiny_model
     # OPSD's loss really ran in bf16: the fp32-upcast loss of the same batch differs. At the tiny
     # model's small per-token KL (~1e-3) bf16 rounding of the log-probabilities is of the same
     # order as the loss itself (measured: 2.9e-3 vs 1.3e-3), the reference's OPSD numerics.
-    from pwopsd.training import assemble, completion_hidden, method_loss
+    from pwopsd.training.loop import assemble, completion_hidden, method_loss
 
     tr = trained["opsd"]
     idx = tr.batch_indices(0)

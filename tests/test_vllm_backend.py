@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO
 from pwopsd.generation import GenerationRequest, get_backend
 from pwopsd.generation.vllm_backend import gpu_groups, round_robin, sampling_params_kwargs, to_completions
-from pwopsd.sampling import generate_resumable, make_backend, run_generations
+from pwopsd.generation.sampling import generate_resumable, make_backend, run_generations
 
 pytestmark = pytest.mark.vllm_stack
 
@@ -149,7 +149,7 @@ def test_vllm_backend_imports_lazily():
 
 def test_vllm_engine_settings_come_from_the_model_entry():
     from pwopsd.config import backend_options, load_config
-    from pwopsd.sampling import make_backend
+    from pwopsd.generation.sampling import make_backend
 
     cfg = load_config(REPO / "config" / "config.yaml")
     backend = make_backend("vllm", {"path": "/models/qwen"}, dtype="bfloat16", max_model_len=40960,
@@ -161,10 +161,10 @@ def test_vllm_engine_settings_come_from_the_model_entry():
 
 
 def test_a_spine_job_runs_its_greedy_and_fallback_passes_on_one_engine(standin, tmp_path, tiny_tokenizer):
-    from pwopsd import branch_viability as bv
+    from pwopsd.diagnostic import phases as bv
     from pwopsd.config import diagnostic_settings, grading_options, load_config
-    from pwopsd.grading import answer_grader
-    from pwopsd.sampling import partial_dir
+    from pwopsd.evaluation.grading import answer_grader
+    from pwopsd.generation.sampling import partial_dir
 
     cfg = load_config(REPO / "tiny" / "config" / "config.yaml")
     settings = diagnostic_settings(cfg, "tiny_qwen3")

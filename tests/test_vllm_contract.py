@@ -20,7 +20,7 @@ from conftest import REPO
 from pwopsd.config import backend_options, load_config
 from pwopsd.generation import GenerationRequest
 from pwopsd.generation.vllm_backend import sampling_params_kwargs
-from pwopsd.sampling import SamplingConfig, make_backend
+from pwopsd.generation.sampling import SamplingConfig, make_backend
 from pwopsd.stacks import LINUX_X86_64_PLATFORMS, env_pins, load_stacks
 
 SOURCES = ["vllm/__init__.py", "vllm/entrypoints/llm.py", "vllm/engine/arg_utils.py", "vllm/sampling_params.py",

@@ -170,7 +170,7 @@ def test_tiny_run_writes_tables_and_figures(tiny_run):
 
 @pytest.mark.workflow
 def test_tiny_run_branch_viability_diagnostic(tiny_run):
-    from pwopsd import stats
+    from pwopsd.diagnostic import statistics as stats
 
     workdir, _ = tiny_run
     d = workdir / "results/diagnostic/tiny_qwen3"

@@ -309,6 +309,30 @@ def table_runs(cfg: dict) -> dict[str, list[tuple[str, str]]]:
     return runs
 
 
+def plain_label(label: str) -> str:
+    r"""A method's table label without its LaTeX markup, for figures (``\textsc{PW-OPSD} Moderate``
+    -> ``PW-OPSD Moderate``)."""
+    import re
+
+    return re.sub(r"\\[A-Za-z]+\{([^{}]*)\}", r"\1", label)
+
+
+def runs_in_tables(cfg: dict) -> list[tuple[str, str]]:
+    """(model, method) training runs that some table shows, in first-use order."""
+    return list(dict.fromkeys(run for runs in table_runs(cfg).values() for run in runs))
+
+
+def training_runs(cfg: dict) -> list[tuple[str, str]]:
+    """Every configured training run: each trained model (``training.models``) with each method
+    of ``methods`` (target ``train_all``); tables select among these runs."""
+    return [(model, method) for model in trained_models(cfg) for method in cfg.get("methods", {})]
+
+
+def table_outputs(cfg: dict) -> dict[str, str]:
+    """Output name -> table kind (``main``, ``schedules``, ``cross_model``, ``ablation``)."""
+    return {spec["output"]: kind for kind, spec in cfg.get("tables", {}).items() if isinstance(spec, dict) and "output" in spec}
+
+
 def training_config(cfg: dict, model: str, method: str) -> dict:
     """Everything that determines one training run (rule params of ``train``)."""
     tr, meth, entry = cfg["training"], cfg["methods"][method], cfg["models"][model]
@@ -321,7 +345,7 @@ def training_config(cfg: dict, model: str, method: str) -> dict:
         "lora_r": tr["lora"]["r"],
         "lora_alpha": tr["lora"]["alpha"],
         "lora_dropout": tr["lora"]["dropout"],
-        "lora_targets": list(tr["lora"]["targets"]),
+        "lora_targets": list(entry["train"].get("lora_targets") or tr["lora"]["targets"]),
         "lr": tr["lr"],
         "max_steps": tr["max_steps"],
         "save_every": tr["save_every"],
@@ -353,7 +377,7 @@ def schema_defaults(section: str, entry: dict | None = None) -> dict:
 
 
 def loss_keywords(loss: str, **params) -> dict:
-    """Keyword arguments of a reference loss function (:mod:`pwopsd.losses`) with the schema's
+    """Keyword arguments of a reference loss function (:mod:`pwopsd.training.losses`) with the schema's
     defaults: the loss's own parameters plus the shared distillation temperature (and the clamp of
     the forward-KL losses); ``params`` override them."""
     train = schema_defaults("training")
@@ -394,7 +418,9 @@ def diagnostic_settings(cfg: dict, model: str) -> dict:
     out = {k: v for k, v in diag.items() if k not in ("model", "figure")}
     out["chat_template"] = m["chat_template"]
     out["dtype"] = m["dtype"]
+    out["layers"] = m["layers"]
     schedule = diag["figure"]["schedule"]
-    out["figure"] = {"bins": diag["figure"]["bins"], "schedule": schedule,
-                     "schedule_params": cfg.get("methods", {}).get(schedule, {}).get("params")}
+    method = cfg.get("methods", {}).get(schedule, {})
+    out["figure"] = {"bins": diag["figure"]["bins"], "schedule": schedule, "schedule_params": method.get("params"),
+                     "schedule_label": plain_label(method.get("label", schedule))}
     return out

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import diagnostic_settings, load_config, training_config
+from pwopsd.config import diagnostic_settings, load_config, training_config
 
 # Throughput and length assumptions (H100 80GB, bf16). Throughputs scale with 1 / model size.
 ASSUMPTIONS = {
@@ -97,46 +97,69 @@ def _decode_hours(tokens: float, longest: float, size: float, gpus: int, a: dict
     return max(tokens / rate, tail) / 3600.0
 
 
+def _generate_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
+    ev = cfg["evaluation"]
+    problems = sum(b.get("expected_rows") or 0 for b in cfg["benchmarks"].values())
+    tokens = problems * ev["n"] * ev["max_new_tokens"] * a["eval_length_fraction"]
+    return _decode_hours(tokens, ev["max_new_tokens"], size, job.gpus, a)
+
+
+def _train_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
+    tr = training_config(cfg, job.wildcards["model"], job.wildcards["method"])
+    batch = cfg["training"]["effective_batch"]
+    rollout_tokens = batch * tr["max_completion_length"]
+    decode = _decode_hours(rollout_tokens, tr["max_completion_length"], size, job.gpus, a) * 3600.0
+    seq = batch * (a["train_prompt_tokens"] + tr["max_completion_length"])
+    # student forward + backward (3x) and the teacher forward (1x, longer privileged prompt ~2x)
+    fwd = 6.0 * seq / (a["forward_tok_s_per_gpu_4b"] * 4.0 / size * job.gpus)
+    return tr["max_steps"] * (decode + fwd + a["train_step_overhead_s"]) / 3600.0
+
+
+def _diagnostic_sizes(job: Job, cfg: dict, size: float, a: dict) -> tuple[dict, int, float, float]:
+    d = diagnostic_settings(cfg, job.wildcards["model"])
+    spine = d["spine"]["max_new_tokens"] * a["spine_length_fraction"]
+    return d, sum(d["datasets"].values()), spine, a["forward_tok_s_per_gpu_4b"] * 4.0 / size * job.gpus
+
+
+def _spines_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
+    d, problems, spine, _ = _diagnostic_sizes(job, cfg, size, a)
+    passes = 1 + a["spine_fallback_share"]
+    return passes * _decode_hours(problems * spine, d["spine"]["max_new_tokens"], size, job.gpus, a)
+
+
+def _teacher_pass_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
+    _, problems, spine, rate = _diagnostic_sizes(job, cfg, size, a)
+    return problems * (spine + a["teacher_prompt_tokens"]) / rate / 3600.0
+
+
+def _mc_dropout_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
+    d, problems, spine, rate = _diagnostic_sizes(job, cfg, size, a)
+    return d["mc_dropout"]["samples"] * problems * (spine + a["teacher_prompt_tokens"]) / rate / 3600.0
+
+
+def _forced_continuation_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
+    d, problems, spine, _ = _diagnostic_sizes(job, cfg, size, a)
+    fc = d["forced_continuation"]
+    rollouts = problems * d["candidates"]["max_per_problem"] * d["candidates"]["children"] * fc["n"]
+    tokens = rollouts * fc["max_model_len"] * a["forced_length_fraction"]
+    return _decode_hours(tokens, fc["max_model_len"] - spine, size, job.gpus, a)
+
+
+# The cost model of each rule that asks for GPUs; a GPU rule missing here is an error
+# (tests/test_cost.py checks the paper DAG), not a silent zero.
+GPU_HOURS = {"generate": _generate_hours, "train": _train_hours, "spines": _spines_hours,
+             "teacher_pass": _teacher_pass_hours, "mc_dropout": _mc_dropout_hours,
+             "forced_continuation": _forced_continuation_hours}
+
+
 def job_hours(job: Job, cfg: dict, a: dict = ASSUMPTIONS) -> float:
-    """Estimated wall hours of one GPU job (0 for CPU jobs)."""
+    """Estimated wall hours of one GPU job (0 for CPU jobs): start-up plus the rule's cost model."""
     if job.gpus == 0:
         return 0.0
-    model = job.wildcards.get("model")
-    size = model_size_b(cfg, model)
-    start = a["startup_min"] / 60.0
-    if job.rule == "generate":
-        ev = cfg["evaluation"]
-        problems = sum(b.get("expected_rows") or 0 for b in cfg["benchmarks"].values())
-        tokens = problems * ev["n"] * ev["max_new_tokens"] * a["eval_length_fraction"]
-        return start + _decode_hours(tokens, ev["max_new_tokens"], size, job.gpus, a)
-    if job.rule == "train":
-        tr = training_config(cfg, model, job.wildcards["method"])
-        batch = cfg["training"]["effective_batch"]
-        rollout_tokens = batch * tr["max_completion_length"]
-        decode = _decode_hours(rollout_tokens, tr["max_completion_length"], size, job.gpus, a) * 3600.0
-        seq = batch * (a["train_prompt_tokens"] + tr["max_completion_length"])
-        # student forward + backward (3x) and the teacher forward (1x, longer privileged prompt ~2x)
-        fwd = 6.0 * seq / (a["forward_tok_s_per_gpu_4b"] * 4.0 / size * job.gpus)
-        return start + tr["max_steps"] * (decode + fwd + a["train_step_overhead_s"]) / 3600.0
-    d = diagnostic_settings(cfg, model) if "diagnostic" in cfg else None
-    if d is None:
-        return start
-    problems = sum(d["datasets"].values())
-    spine = d["spine"]["max_new_tokens"] * a["spine_length_fraction"]
-    if job.rule == "spines":
-        passes = 1 + a["spine_fallback_share"]
-        return start + passes * _decode_hours(problems * spine, d["spine"]["max_new_tokens"], size, job.gpus, a)
-    forward_rate = a["forward_tok_s_per_gpu_4b"] * 4.0 / size * job.gpus
-    if job.rule == "teacher_pass":
-        return start + problems * (spine + a["teacher_prompt_tokens"]) / forward_rate / 3600.0
-    if job.rule == "mc_dropout":
-        return start + d["mc_dropout"]["samples"] * problems * (spine + a["teacher_prompt_tokens"]) / forward_rate / 3600.0
-    if job.rule == "forced_continuation":
-        fc = d["forced_continuation"]
-        rollouts = problems * d["candidates"]["max_per_problem"] * d["candidates"]["children"] * fc["n"]
-        tokens = rollouts * fc["max_model_len"] * a["forced_length_fraction"]
-        return start + _decode_hours(tokens, fc["max_model_len"] - spine, size, job.gpus, a)
-    return start
+    if job.rule not in GPU_HOURS:
+        raise ValueError(f"rule {job.rule} asks for {job.gpus} GPUs but has no cost model in pwopsd.cost.GPU_HOURS")
+    size = model_size_b(cfg, job.wildcards.get("model"))
+    return a["startup_min"] / 60.0 + GPU_HOURS[job.rule](job, cfg, size, a)
 
 
 def plan(jobs: list[Job], cfg: dict, a: dict = ASSUMPTIONS) -> list[dict]:

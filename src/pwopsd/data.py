@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from .io import sha256_file
+from pwopsd.io import sha256_file
 
 NORMALIZED = ("id", "problem", "answer", "solution")
 
@@ -97,7 +97,7 @@ def load_hf(source: dict, key: str, hub: dict) -> tuple[pd.DataFrame, dict]:
 
 
 def load_tiny(source: dict) -> tuple[pd.DataFrame, dict]:
-    from .tiny.arithmetic import problems_frame, sample_problems
+    from pwopsd.tiny.arithmetic import problems_frame, sample_problems
 
     problems = sample_problems(source["seed"], source["n"], list(source["levels"]), source.get("max_operand", 30))
     prefix = "arith-" + "".join(str(lv) for lv in source["levels"]) + f"-s{source['seed']}"

@@ -102,3 +102,16 @@ def load_checkpoint(manifest_path: str | os.PathLike, dtype: str):
     """``(manifest, model, tokenizer)`` of a checkpoint, the model on the default device."""
     manifest = read_manifest(manifest_path)
     return manifest, load_model(manifest, device=default_device(), dtype=dtype), load_tokenizer(manifest)
+
+
+def decoder_layers(model, path: str = "model.layers") -> list:
+    """The decoder blocks of a causal LM at the attribute ``path`` of its model entry (``layers``,
+    default ``model.layers``: Qwen3, Llama, Olmo), also through a PEFT wrapper."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = base
+    for part in path.split("."):
+        if not hasattr(inner, part):
+            raise ModelError(f"the model ({type(base).__name__}) has no attribute path {path!r} to its decoder layers: "
+                             "set `layers` of its model entry")
+        inner = getattr(inner, part)
+    return list(inner)

@@ -124,7 +124,7 @@ def job_provenance(snakemake) -> dict:
     prepared dataset and of every input file."""
     from pathlib import Path
 
-    from .io import sha256_file
+    from pwopsd.io import sha256_file
 
     cfg = snakemake.config
     datasets = {}
@@ -150,6 +150,6 @@ def job_provenance(snakemake) -> dict:
 
 
 def write_job_provenance(snakemake, path) -> None:
-    from .io import write_json
+    from pwopsd.io import write_json
 
     write_json(job_provenance(snakemake), path)

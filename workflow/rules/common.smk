@@ -15,6 +15,7 @@ export_source_path(str(Path(workflow.basedir) / "src"))
 from snakemake.exceptions import WorkflowError
 
 from pwopsd import config as cfgmod
+from pwopsd import settings
 
 try:
     # Snakemake's own YAML reading keeps the last of two equal keys: read the config files again
@@ -54,7 +55,7 @@ EVAL_MODELS = cfgmod.eval_models(config)
 METHODS = list(config.get("methods", {}))
 TABLE_RUNS = cfgmod.table_runs(config)
 DIAGNOSTIC_MODEL = cfgmod.diagnostic_model(config)
-TABLE_OUTPUTS = {spec["output"]: kind for kind, spec in config.get("tables", {}).items() if isinstance(spec, dict) and "output" in spec}
+TABLE_OUTPUTS = cfgmod.table_outputs(config)
 
 
 def _alternatives(names):
@@ -72,11 +73,20 @@ wildcard_constraints:
 
 
 # ---------------------------------------------------------------------------------------------
-# Input functions and small lookups used by rules.
+# Rule params: one idiom. `config_param(settings.x, *args)` calls the pure function
+# `pwopsd.settings.x(config, wildcards, *args)` when the job is planned (params, threads and
+# resources alike); the derivations live and are tested in the package.
 
 
-def model_entry(wildcards):
-    return config["models"][wildcards.model]
+def config_param(derive, *args):
+    def _param(wildcards):
+        return derive(config, wildcards, *args)
+
+    return _param
+
+
+# ---------------------------------------------------------------------------------------------
+# Input functions: which files a job reads.
 
 
 def model_manifest(wildcards):
@@ -86,33 +96,14 @@ def model_manifest(wildcards):
     return f"results/models/{wildcards.model}/{wildcards.checkpoint}/manifest.json"
 
 
-def gpus_for(stage):
-    """Resource function: GPUs of a model's stage (generate / train / forward) from its entry."""
-
-    def _gpus(wildcards):
-        return int(config["models"][wildcards.model]["gpus"][stage])
-
-    return _gpus
-
-
-def eval_sampling_settings(wildcards):
-    return cfgmod.eval_sampling_settings(config)
-
-
-def generation_backend(wildcards):
-    return config["evaluation"]["backend"]
-
-
-
-
-def trained_runs():
-    """(model, method) runs that some table needs, in first-use order."""
-    return list(dict.fromkeys(run for runs in TABLE_RUNS.values() for run in runs))
+def runs_in_tables():
+    """(model, method) training runs that some table shows, in first-use order."""
+    return cfgmod.runs_in_tables(config)
 
 
 def evaluated_checkpoints():
     """(model, checkpoint): the base checkpoint of every evaluated model and every trained run."""
-    return [(m, "base") for m in EVAL_MODELS] + trained_runs()
+    return [(m, "base") for m in EVAL_MODELS] + runs_in_tables()
 
 
 def seed_metrics(runs):
@@ -123,33 +114,19 @@ def all_seed_metrics(wildcards=None):
     return seed_metrics(evaluated_checkpoints())
 
 
-def table_spec(wildcards):
-    kind = TABLE_OUTPUTS[wildcards.table]
-    return {"kind": kind, **config["tables"][kind], "methods_config": config.get("methods", {}),
-            "benchmark_labels": config["tables"].get("benchmark_labels", {}),
-            "model_labels": config["tables"].get("model_labels", {}), "n": config["evaluation"]["n"],
-            "models": config["tables"][kind].get("models") or MODELS}
-
-
 def table_metrics(wildcards):
     return seed_metrics(TABLE_RUNS[TABLE_OUTPUTS[wildcards.table]])
 
 
-def schedule_params(wildcards=None):
-    methods = config.get("methods", {})
-    names = config.get("tables", {}).get("schedules", {}).get("methods", [])
-    return {n.removeprefix("pwopsd_"): [methods[n]["params"][k] for k in ("w_min", "tau", "s")] for n in names}
-
-
 def training_logs_of_model(wildcards):
-    return [f"results/training/{wildcards.model}/{m}/train_log.jsonl" for mo, m in trained_runs() if mo == wildcards.model]
+    return [f"results/training/{wildcards.model}/{m}/train_log.jsonl" for m in settings.curve_runs(config, wildcards)]
 
 
 def all_tables_and_figures():
     files = [f"results/tables/{name}.tex" for name in TABLE_OUTPUTS]
     if config.get("tables", {}).get("schedules"):
         files.append("results/figures/pwopsd_schedules.pdf")
-    files += [f"results/figures/training_curves_{m}.pdf" for m in dict.fromkeys(mo for mo, _ in trained_runs())]
+    files += [f"results/figures/training_curves_{m}.pdf" for m in dict.fromkeys(mo for mo, _ in runs_in_tables())]
     if DIAGNOSTIC_MODEL:
         files += ["results/tables/branch_auroc.tex", "results/figures/branch_auroc.pdf"]
     return files + ["results/report/reproduction.md"]
@@ -182,6 +159,11 @@ def train_corpus_source_file(wildcards):
     return local_source_file(config.get("train_corpus"))
 
 
+def all_training_runs():
+    """Adapters of every configured run (target train_all): each trained model with each method."""
+    return [f"results/training/{m}/{meth}/adapter" for m, meth in cfgmod.training_runs(config)]
+
+
 def all_data():
     """Every prepared dataset (benchmarks and, when configured, the training corpus)."""
     files = expand("results/data/benchmarks/{benchmark}.parquet", benchmark=BENCHMARKS)
@@ -197,11 +179,3 @@ def diagnostic_benchmarks(wildcards):
     return [f"results/data/benchmarks/{name}.parquet" for name in config["diagnostic"]["datasets"]]
 
 
-def diagnostic_params(*keys):
-    """Rule params: the named parts of the diagnostic settings of the job's model."""
-
-    def _params(wildcards):
-        settings = cfgmod.diagnostic_settings(config, wildcards.model)
-        return {k: settings[k] for k in keys}
-
-    return _params

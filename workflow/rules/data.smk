@@ -12,7 +12,7 @@ rule prepare_benchmark:
         table="results/data/benchmarks/{benchmark}.parquet",
         manifest="results/data/benchmarks/{benchmark}.json",
     params:
-        entry=lambda wc: config["benchmarks"][wc.benchmark],
+        entry=config_param(settings.benchmark_entry),
     log:
         "logs/data/prepare_benchmark/{benchmark}.log",
     benchmark:
@@ -30,7 +30,7 @@ rule prepare_train_corpus:
         table="results/data/train_corpus.parquet",
         manifest="results/data/train_corpus.json",
     params:
-        entry=config.get("train_corpus"),
+        entry=config_param(settings.train_corpus_entry),
     log:
         "logs/data/prepare_train_corpus.log",
     benchmark:

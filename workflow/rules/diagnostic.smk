@@ -22,13 +22,13 @@ rule spines:
     output:
         spines="results/diagnostic/{model}/spines.parquet",
     params:
-        settings=diagnostic_params("datasets", "sample_seed", "student_prompt", "spine", "chat_template", "dtype"),
-        datasets=lambda wc: list(config["diagnostic"]["datasets"]),
-        grading=lambda wc: cfgmod.grading_options(config),
-        backend=generation_backend,
-    threads: config["evaluation"]["threads"]
+        settings=config_param(settings.diagnostic, "datasets", "sample_seed", "student_prompt", "spine", "chat_template", "dtype"),
+        datasets=config_param(settings.diagnostic_datasets),
+        grading=config_param(settings.grading),
+        backend=config_param(settings.backend),
+    threads: config_param(settings.generation_threads)
     resources:
-        gpu=gpus_for("generate"),
+        gpu=config_param(settings.gpus, "generate"),
     log:
         "logs/diagnostic/{model}/spines.log",
     benchmark:
@@ -46,10 +46,10 @@ rule teacher_pass:
     output:
         teacher_pass="results/diagnostic/{model}/teacher_pass.parquet",
     params:
-        settings=diagnostic_params("teacher_prompt", "teacher_pass", "candidates", "chat_template", "dtype"),
-    threads: config["evaluation"]["threads"]
+        settings=config_param(settings.diagnostic, "teacher_prompt", "teacher_pass", "candidates", "chat_template", "dtype"),
+    threads: config_param(settings.generation_threads)
     resources:
-        gpu=gpus_for("forward"),
+        gpu=config_param(settings.gpus, "forward"),
     log:
         "logs/diagnostic/{model}/teacher_pass.log",
     benchmark:
@@ -68,7 +68,7 @@ rule candidates:
     output:
         candidates="results/diagnostic/{model}/candidates.parquet",
     params:
-        settings=diagnostic_params("candidates", "teacher_pass"),
+        settings=config_param(settings.diagnostic, "candidates", "teacher_pass"),
     log:
         "logs/diagnostic/{model}/candidates.log",
     benchmark:
@@ -87,10 +87,10 @@ rule mc_dropout:
     output:
         mc_dropout="results/diagnostic/{model}/mc_dropout.parquet",
     params:
-        settings=diagnostic_params("mc_dropout", "teacher_prompt", "chat_template", "dtype"),
-    threads: config["evaluation"]["threads"]
+        settings=config_param(settings.diagnostic, "mc_dropout", "teacher_prompt", "chat_template", "dtype", "layers"),
+    threads: config_param(settings.generation_threads)
     resources:
-        gpu=gpus_for("forward"),
+        gpu=config_param(settings.gpus, "forward"),
     log:
         "logs/diagnostic/{model}/mc_dropout.log",
     benchmark:
@@ -109,11 +109,11 @@ rule forced_continuation:
     output:
         continuations="results/diagnostic/{model}/forced_continuations.parquet",
     params:
-        settings=diagnostic_params("forced_continuation", "candidates", "dtype"),
-        backend=generation_backend,
-    threads: config["evaluation"]["threads"]
+        settings=config_param(settings.diagnostic, "forced_continuation", "candidates", "dtype"),
+        backend=config_param(settings.backend),
+    threads: config_param(settings.generation_threads)
     resources:
-        gpu=gpus_for("generate"),
+        gpu=config_param(settings.gpus, "generate"),
     log:
         "logs/diagnostic/{model}/forced_continuation.log",
     benchmark:
@@ -132,9 +132,9 @@ rule viability_labels:
     output:
         labels="results/diagnostic/{model}/labels.parquet",
     params:
-        settings=diagnostic_params("labels"),
-        grading=lambda wc: cfgmod.grading_options(config),
-    threads: lambda wc: config["grading"]["workers"]
+        settings=config_param(settings.diagnostic, "labels"),
+        grading=config_param(settings.grading),
+    threads: config_param(settings.grading_workers)
     log:
         "logs/diagnostic/{model}/viability_labels.log",
     benchmark:
@@ -155,7 +155,7 @@ rule branch_scores:
         scored="results/diagnostic/{model}/scored.parquet",
         summary="results/diagnostic/{model}/branch_auroc.json",
     params:
-        settings=diagnostic_params("scores", "labels"),
+        settings=config_param(settings.diagnostic, "scores", "labels"),
     log:
         "logs/diagnostic/{model}/branch_scores.log",
     benchmark:
@@ -174,7 +174,7 @@ rule branch_auroc_table:
         csv=report("results/tables/branch_auroc.csv", caption="../report/branch_auroc_table.rst", category="Tables", labels={"table": "branch_auroc", "format": "CSV"}),
         provenance="results/tables/branch_auroc.provenance.json",
     params:
-        model_label=lambda wc: config.get("tables", {}).get("model_labels", {}).get(DIAGNOSTIC_MODEL, DIAGNOSTIC_MODEL),
+        model_label=config_param(settings.diagnostic_model_label),
     log:
         "logs/tables/branch_auroc.log",
     benchmark:
@@ -195,9 +195,7 @@ rule branch_auroc_figure:
         scatter_csv="results/figures/branch_auroc_scatter.csv",
         provenance="results/figures/branch_auroc.provenance.json",
     params:
-        figure=lambda wc: cfgmod.diagnostic_settings(config, DIAGNOSTIC_MODEL)["figure"],
-        correct_spines_only=lambda wc: config["diagnostic"]["scores"]["correct_spines_only"],
-        labels=lambda wc: config["diagnostic"]["labels"],
+        settings=config_param(settings.diagnostic, "figure", "scores", "labels"),
     log:
         "logs/figures/branch_auroc.log",
     benchmark:

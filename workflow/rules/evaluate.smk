@@ -19,9 +19,9 @@ rule grade:
             benchmark=BENCHMARKS,
         ),
     params:
-        grading=lambda wc: cfgmod.grading_options(config),
-        benchmarks=BENCHMARKS,
-    threads: lambda wc: config["grading"]["workers"]
+        grading=config_param(settings.grading),
+        benchmarks=config_param(settings.benchmarks),
+    threads: config_param(settings.grading_workers)
     log:
         "logs/grade/{model}/{checkpoint}/seed-{seed}.log",
     benchmark:
@@ -41,7 +41,7 @@ rule aggregate_metrics:
         summary_parquet="results/metrics/summary.parquet",
         provenance="results/metrics/summary.provenance.json",
     params:
-        benchmarks=BENCHMARKS,
+        benchmarks=config_param(settings.benchmarks),
     log:
         "logs/aggregate_metrics.log",
     benchmark:

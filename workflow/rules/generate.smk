@@ -18,15 +18,15 @@ rule generate:
             benchmark=BENCHMARKS,
         ),
     params:
-        sampling=eval_sampling_settings,
-        seed=lambda wc: cfgmod.sampling_seed(config, wc.seed),
-        chat_template=lambda wc: config["models"][wc.model]["chat_template"],
-        dtype=lambda wc: config["models"][wc.model]["dtype"],
-        backend=generation_backend,
-        benchmarks=BENCHMARKS,
-    threads: config["evaluation"]["threads"]
+        sampling=config_param(settings.sampling),
+        seed=config_param(settings.sampling_seed),
+        chat_template=config_param(settings.chat_template),
+        dtype=config_param(settings.dtype),
+        backend=config_param(settings.backend),
+        benchmarks=config_param(settings.benchmarks),
+    threads: config_param(settings.generation_threads)
     resources:
-        gpu=gpus_for("generate"),
+        gpu=config_param(settings.gpus, "generate"),
     log:
         "logs/generate/{model}/{checkpoint}/seed-{seed}.log",
     benchmark:

@@ -8,8 +8,7 @@ rule fetch_model:
     wildcard_constraints:
         model=_alternatives(HUB_MODELS),
     params:
-        hf_id=lambda wc: config["models"][wc.model]["hf_id"],
-        revision=lambda wc: config["models"][wc.model]["revision"],
+        hub_model=config_param(settings.hub_model),
     log:
         "logs/models/fetch_model/{model}.log",
     benchmark:
@@ -28,7 +27,7 @@ rule build_tiny_model:
     wildcard_constraints:
         model=_alternatives(BUILT_MODELS),
     params:
-        tiny=config.get("tiny", {}),
+        tiny=config_param(settings.tiny_model),
     threads: 2
     log:
         "logs/models/build_tiny_model/{model}.log",

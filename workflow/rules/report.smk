@@ -12,8 +12,7 @@ rule reproduction_report:
         figure_csv="results/report/reproduction_figure.csv",
         provenance="results/report/reproduction.provenance.json",
     params:
-        diagnostic_model=DIAGNOSTIC_MODEL,
-        tiny=bool(BUILT_MODELS),
+        report=config_param(settings.report_settings),
     log:
         "logs/report/reproduction.log",
     benchmark:

@@ -10,8 +10,8 @@ rule table:
         csv=report("results/tables/{table}.csv", caption="../report/table.rst", category="Tables", labels={"table": "{table}", "format": "CSV"}),
         provenance="results/tables/{table}.provenance.json",
     params:
-        spec=table_spec,
-        benchmarks=BENCHMARKS,
+        spec=config_param(settings.table_spec),
+        benchmarks=config_param(settings.benchmarks),
     log:
         "logs/tables/{table}.log",
     benchmark:
@@ -28,7 +28,7 @@ rule schedules_figure:
         csv="results/figures/pwopsd_schedules.csv",
         provenance="results/figures/pwopsd_schedules.provenance.json",
     params:
-        schedules=schedule_params,
+        schedules=config_param(settings.schedules),
     log:
         "logs/figures/pwopsd_schedules.log",
     benchmark:

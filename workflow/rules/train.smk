@@ -2,7 +2,7 @@
 # checkpoint, and the training curves. Checkpoints every `training.save_every` steps go to a
 # working directory (not a declared output) keyed by everything that determines the run: settings,
 # base model content or pinned revision, corpus content, prompt switches, dtype, library versions
-# and training code (pwopsd.train_job.run_key). A killed or preempted job resumes from its last
+# and training code (pwopsd.training.job.run_key). A killed or preempted job resumes from its last
 # checkpoint; a changed input restarts from step 0.
 
 
@@ -14,14 +14,15 @@ rule train:
         adapter=directory("results/training/{model}/{method}/adapter"),
         log="results/training/{model}/{method}/train_log.jsonl",
     params:
-        train=lambda wc: cfgmod.training_config(config, wc.model, wc.method),
-        eval_step=config.get("training", {}).get("eval_step"),
-        dtype=lambda wc: config["models"][wc.model]["dtype"],
-        chat_template=lambda wc: config["models"][wc.model]["chat_template"],
-        work_root=lambda wc: f"results/training/{wc.model}/{wc.method}/checkpoints",
+        train=config_param(settings.training_run),
+        eval_step=config_param(settings.eval_step),
+        dtype=config_param(settings.dtype),
+        chat_template=config_param(settings.chat_template),
+        work_root=config_param(settings.checkpoint_root),
+        grading=config_param(settings.grading),
     threads: 2
     resources:
-        gpu=gpus_for("train"),
+        gpu=config_param(settings.gpus, "train"),
     log:
         "logs/train/{model}/{method}.log",
     benchmark:
@@ -40,8 +41,8 @@ rule merge_adapter:
         merged=directory("results/models/{model}/{method}/merged"),
         manifest="results/models/{model}/{method}/manifest.json",
     params:
-        dtype=lambda wc: config["models"][wc.model]["dtype"],
-        eval_step=config.get("training", {}).get("eval_step"),
+        dtype=config_param(settings.dtype),
+        eval_step=config_param(settings.eval_step),
     log:
         "logs/merge_adapter/{model}/{method}.log",
     benchmark:
@@ -60,7 +61,7 @@ rule training_curves:
         csv="results/figures/training_curves_{model}.csv",
         provenance="results/figures/training_curves_{model}.provenance.json",
     params:
-        runs=lambda wc: [m for mo, m in trained_runs() if mo == wc.model],
+        runs=config_param(settings.curve_runs),
     log:
         "logs/training_curves/{model}.log",
     benchmark:
@@ -69,3 +70,11 @@ rule training_curves:
         "../../envs/analysis.yaml"
     script:
         "../scripts/training_curves.py"
+
+
+# Every configured training run, whether or not a table shows it: each model of training.models
+# with each method of `methods`. Tables select runs; they do not define them. One run alone:
+# `snakemake results/training/<model>/<method>/adapter`.
+rule train_all:
+    input:
+        all_training_runs(),

@@ -1,6 +1,6 @@
 """Rule aggregate_metrics: per-seed metrics of every evaluated run -> tidy tables over seeds."""
 
-from pwopsd.evaluation import aggregate
+from pwopsd.evaluation.pipeline import aggregate
 from pwopsd.io import atomic_path, read_json, write_parquet
 from pwopsd.runtime import setup_logging, write_job_provenance
 from pwopsd.standalone import standalone_snakemake

@@ -5,7 +5,7 @@ import pandas as pd
 from pwopsd.io import atomic_path, read_json
 from pwopsd.runtime import setup_logging, write_job_provenance
 from pwopsd.standalone import standalone_snakemake
-from pwopsd.tables import branch_auroc_table
+from pwopsd.report.tables import branch_auroc_table
 
 
 def main(snakemake):

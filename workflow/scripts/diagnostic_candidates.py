@@ -1,6 +1,6 @@
 """Rule candidates (diagnostic Phase C): filtered high-truncated-entropy positions and their children."""
 
-from pwopsd.branch_viability import run_candidates
+from pwopsd.diagnostic.phases import run_candidates
 from pwopsd.io import read_parquet, write_parquet
 from pwopsd.models import load_tokenizer, read_manifest
 from pwopsd.runtime import provenance, setup_logging

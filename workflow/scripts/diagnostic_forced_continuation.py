@@ -2,12 +2,12 @@
 
 import time
 
-from pwopsd.branch_viability import forced_continuation_plan
-from pwopsd.config import backend_options
+from pwopsd.diagnostic.phases import forced_continuation_plan
+from pwopsd.generation.sampling import clear_partial, generate_resumable, make_backend, partial_dir
 from pwopsd.io import read_parquet, write_parquet
 from pwopsd.models import load_tokenizer, read_manifest
 from pwopsd.runtime import provenance, set_threads, setup_logging
-from pwopsd.sampling import clear_partial, generate_resumable, make_backend, partial_dir
+from pwopsd.settings import execution_settings
 from pwopsd.standalone import standalone_snakemake
 
 
@@ -21,7 +21,7 @@ def main(snakemake):
     t0 = time.time()
     with make_backend(snakemake.params.backend, manifest, dtype=s["dtype"],
                       max_model_len=s["forced_continuation"]["max_model_len"],
-                      options=backend_options(snakemake.config, snakemake.wildcards.model),
+                      options=execution_settings(snakemake.config, snakemake.wildcards.model)["backend_options"],
                       tokenizer=load_tokenizer(manifest)) as backend:
         table = generate_resumable(backend, requests, keys, partial=partial_dir(out, {"requests": requests, "keys": keys}))
     write_parquet(table, out, metadata=provenance(manifest, phase="E", settings=s, backend=backend.versions(),

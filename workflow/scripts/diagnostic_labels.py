@@ -1,7 +1,7 @@
 """Rule viability_labels (diagnostic Phase F): child viabilities and candidate labels."""
 
-from pwopsd.branch_viability import label_candidates
-from pwopsd.grading import answer_grader
+from pwopsd.diagnostic.phases import label_candidates
+from pwopsd.evaluation.grading import answer_grader
 from pwopsd.io import read_parquet, write_parquet
 from pwopsd.runtime import provenance, setup_logging
 from pwopsd.standalone import standalone_snakemake

@@ -1,6 +1,6 @@
 """Rule mc_dropout (diagnostic Phase D): H_full, MI and Dirichlet precision at every candidate."""
 
-from pwopsd.branch_viability import run_mc_dropout
+from pwopsd.diagnostic.phases import run_mc_dropout
 from pwopsd.io import read_parquet, write_parquet
 from pwopsd.models import load_checkpoint
 from pwopsd.runtime import provenance, set_threads, setup_logging

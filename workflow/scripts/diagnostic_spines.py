@@ -1,12 +1,12 @@
 """Rule spines (diagnostic Phase A): greedy student-template rollouts with a T=0.7 fallback, graded."""
 
-from pwopsd.branch_viability import run_spines, sample_problems
-from pwopsd.config import backend_options
-from pwopsd.grading import answer_grader
+from pwopsd.diagnostic.phases import run_spines, sample_problems
+from pwopsd.evaluation.grading import answer_grader
+from pwopsd.generation.sampling import clear_partial, make_backend, partial_dir
 from pwopsd.io import read_parquet, write_parquet
 from pwopsd.models import load_tokenizer, read_manifest
 from pwopsd.runtime import provenance, set_threads, setup_logging
-from pwopsd.sampling import clear_partial, make_backend, partial_dir
+from pwopsd.settings import execution_settings
 from pwopsd.standalone import standalone_snakemake
 
 
@@ -20,7 +20,7 @@ def main(snakemake):
     problems = sample_problems(tables, dict(s["datasets"]), int(s["sample_seed"]))
     grade = answer_grader(snakemake.params.grading, snakemake.threads)
     with make_backend(snakemake.params.backend, manifest, dtype=s["dtype"], max_model_len=s["spine"]["max_model_len"],
-                      options=backend_options(snakemake.config, snakemake.wildcards.model), tokenizer=tokenizer) as backend:
+                      options=execution_settings(snakemake.config, snakemake.wildcards.model)["backend_options"], tokenizer=tokenizer) as backend:
         spines = run_spines(backend, tokenizer, problems, s, grade=grade, partial_root=lambda key: partial_dir(out, key))
     write_parquet(spines, out, metadata=provenance(manifest, phase="A", settings=s, grading=snakemake.params.grading,
                                                    backend=backend.versions()))

@@ -1,6 +1,6 @@
 """Rule teacher_pass (diagnostic Phase B): teacher-template distributions along every spine."""
 
-from pwopsd.branch_viability import run_teacher_pass
+from pwopsd.diagnostic.phases import run_teacher_pass
 from pwopsd.io import read_parquet, write_parquet
 from pwopsd.models import load_checkpoint
 from pwopsd.runtime import provenance, set_threads, setup_logging

@@ -1,10 +1,10 @@
 """Rule generate: sample a checkpoint with one evaluation seed on every benchmark."""
 
-from pwopsd.config import backend_options
+from pwopsd.generation.sampling import run_generations
 from pwopsd.io import read_parquet
 from pwopsd.models import read_manifest
 from pwopsd.runtime import set_threads, setup_logging, versions
-from pwopsd.sampling import run_generations
+from pwopsd.settings import execution_settings
 from pwopsd.standalone import standalone_snakemake
 
 
@@ -21,7 +21,7 @@ def main(snakemake):
         chat_template=snakemake.params.chat_template,
         dtype=snakemake.params.dtype,
         backend_name=snakemake.params.backend,
-        backend_options=backend_options(snakemake.config, wc.model),
+        backend_options=execution_settings(snakemake.config, wc.model)["backend_options"],
         metadata={"model": wc.model, "checkpoint": wc.checkpoint, "seed_name": wc.seed, "versions": versions()},
     )
 

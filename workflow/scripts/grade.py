@@ -1,8 +1,8 @@
 """Rule grade: grade one checkpoint's generations for one seed on every benchmark; write graded
 samples and per-seed metrics."""
 
-from pwopsd.evaluation import grade_run
-from pwopsd.grading import GraderPool, pool_settings
+from pwopsd.evaluation.pipeline import grade_run
+from pwopsd.evaluation.grading import GraderPool, pool_settings
 from pwopsd.io import read_parquet, write_json, write_parquet
 from pwopsd.runtime import setup_logging, versions
 from pwopsd.standalone import standalone_snakemake

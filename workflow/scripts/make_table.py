@@ -1,10 +1,10 @@
 """Rule table: one of Tables 2-5 from the per-seed metrics of its runs (+ the numbers as CSV)."""
 
-from pwopsd.evaluation import aggregate
+from pwopsd.evaluation.pipeline import aggregate
 from pwopsd.io import atomic_path, read_json
 from pwopsd.runtime import setup_logging, write_job_provenance
 from pwopsd.standalone import standalone_snakemake
-from pwopsd.tables import render_table
+from pwopsd.report.tables import render_table
 
 
 def main(snakemake):

@@ -4,7 +4,7 @@ from pwopsd.io import write_json
 from pwopsd.models import load_model, load_tokenizer, read_manifest
 from pwopsd.runtime import setup_logging, versions
 from pwopsd.standalone import standalone_snakemake
-from pwopsd.training import merge_adapter
+from pwopsd.training.loop import merge_adapter
 
 
 def main(snakemake):

@@ -3,6 +3,7 @@
 from pwopsd.data import prepare_dataset
 from pwopsd.io import write_json, write_parquet
 from pwopsd.runtime import setup_logging, versions
+from pwopsd.settings import execution_settings
 from pwopsd.standalone import standalone_snakemake
 
 
@@ -12,7 +13,7 @@ def main(snakemake):
     key = f"benchmarks.{name}" if name else "train_corpus"
     if snakemake.params.entry is None:
         raise SystemExit(f"{key}: not configured")
-    df, manifest = prepare_dataset(snakemake.params.entry, key, hub=snakemake.config.get("hub", {}))
+    df, manifest = prepare_dataset(snakemake.params.entry, key, hub=execution_settings(snakemake.config)["hub"])
     manifest["versions"] = versions()
     write_parquet(df, snakemake.output.table, metadata=manifest)
     write_json(manifest, snakemake.output.manifest)

@@ -3,7 +3,7 @@
 import pandas as pd
 
 from pwopsd.io import atomic_path, read_json
-from pwopsd.reproduction import compare, comparison_figure, load_reference, render_markdown, reproduced_values
+from pwopsd.report.reproduction import compare, comparison_figure, load_reference, render_markdown, reproduced_values
 from pwopsd.runtime import setup_logging, write_job_provenance
 from pwopsd.standalone import standalone_snakemake
 
@@ -12,10 +12,10 @@ def main(snakemake):
     log = setup_logging(snakemake.log[0])
     branch = read_json(snakemake.input.branch) if "branch" in snakemake.input.keys() else None
     reproduced = reproduced_values(pd.read_csv(snakemake.input.summary), branch,
-                                   diagnostic_model=snakemake.params.diagnostic_model)
+                                   diagnostic_model=snakemake.params.report["diagnostic_model"])
     comparison = compare(load_reference(snakemake.input.reference), reproduced)
     note = ("**Tiny mode**: the models and benchmarks are the toy ones built by the workflow; the numbers below are "
-            "the reproduced side only and are not comparable to the paper's." if snakemake.params.tiny else
+            "the reproduced side only and are not comparable to the paper's." if snakemake.params.report["tiny"] else
             "Paper configuration: published numbers from `workflow/reference/paper_results.csv` (source table in "
             "the first column) beside this run's.")
     with atomic_path(snakemake.output.markdown) as tmp:

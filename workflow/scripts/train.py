@@ -2,7 +2,7 @@
 
 from pwopsd.runtime import set_threads, setup_logging
 from pwopsd.standalone import standalone_snakemake
-from pwopsd.train_job import checkpoint_dir, launch
+from pwopsd.training.job import checkpoint_dir, launch
 
 
 def main(snakemake):
@@ -15,6 +15,7 @@ def main(snakemake):
         "train": p.train,
         "dtype": p.dtype,
         "chat_template": p.chat_template,
+        "grading": p.grading,
         "eval_step": p.eval_step,
         "adapter_out": snakemake.output.adapter,
         "log_out": snakemake.output.log,

@@ -1,6 +1,6 @@
 """Rule training_curves: per-step curves of every training run of one model."""
 
-from pwopsd.figures import training_curves
+from pwopsd.report.figures import training_curves
 from pwopsd.runtime import setup_logging, write_job_provenance
 from pwopsd.standalone import standalone_snakemake
 

@@ -84,11 +84,11 @@ class Backend(Protocol):
 def get_backend(name: str, **kwargs) -> Backend:
     """Construct a backend by name: ``hf`` (transformers, CPU/GPU) or ``vllm`` (GPU only)."""
     if name == "hf":
-        from .hf_backend import HFBackend
+        from pwopsd.generation.hf_backend import HFBackend
 
         return HFBackend(**kwargs)
     if name == "vllm":
-        from .vllm_backend import VLLMBackend
+        from pwopsd.generation.vllm_backend import VLLMBackend
 
         return VLLMBackend(**kwargs)
     raise ValueError(f"unknown generation backend {name!r} (choose 'hf' or 'vllm')")

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from . import FINISH_LENGTH, FINISH_STOP, Completion, GenerationRequest
+from pwopsd.generation import FINISH_LENGTH, FINISH_STOP, Completion, GenerationRequest
 
 log = logging.getLogger(__name__)
 

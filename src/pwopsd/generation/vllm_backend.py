@@ -17,7 +17,7 @@ import os
 import weakref
 from typing import Any, Sequence
 
-from . import Completion, GenerationRequest
+from pwopsd.generation import Completion, GenerationRequest
 
 
 def sampling_params_kwargs(req: GenerationRequest, *, min_p: float = 0.0) -> dict[str, Any]:

@@ -6,9 +6,9 @@ import logging
 import time
 from pathlib import Path
 
-from ..io import atomic_path, write_json
-from ..runtime import versions
-from .model import (
+from pwopsd.io import atomic_path, write_json
+from pwopsd.runtime import versions
+from pwopsd.tiny.model import (
     TinyBuildConfig,
     TinyModelCheckError,
     build_model,

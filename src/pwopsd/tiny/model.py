@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import prompts
-from .arithmetic import ArithmeticProblem, sample_problem, sample_problems
-from .tokenizer import END_THINK, IM_END, THINK, build_tokenizer
+from pwopsd import prompts
+from pwopsd.tiny.arithmetic import ArithmeticProblem, sample_problem, sample_problems
+from pwopsd.tiny.tokenizer import END_THINK, IM_END, THINK, build_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -215,9 +215,9 @@ def pretrain(model, tokenizer, cfg: TinyBuildConfig, log_every: int = 50) -> lis
 
 def dev_accuracy(model, tokenizer, cfg: TinyBuildConfig, batch_size: int = 128) -> dict[str, dict[str, float]]:
     """Sampled (T=1, top_p 0.95, top_k off) accuracy per level for the three prompt formats."""
-    from ..generation import GenerationRequest
-    from ..generation.hf_backend import HFBackend
-    from ..grading import integer_answer
+    from pwopsd.generation import GenerationRequest
+    from pwopsd.generation.hf_backend import HFBackend
+    from pwopsd.evaluation.grading import integer_answer
 
     backend = HFBackend(model, tokenizer, batch_size=batch_size)
     result: dict[str, dict[str, float]] = {}

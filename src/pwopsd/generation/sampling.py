@@ -18,9 +18,9 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from . import prompts
-from .generation import Backend, GenerationRequest
-from .io import fingerprint, write_parquet
+from pwopsd import prompts
+from pwopsd.generation import Backend, GenerationRequest
+from pwopsd.io import fingerprint, write_parquet
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +166,8 @@ def make_backend(name: str, manifest: dict, *, dtype: str, max_model_len: int, m
     ``options`` are execution settings (``hf_batch_size``, ``tensor_parallel_size``,
     ``data_parallel_size``, ``gpu_memory_utilization``, ``enforce_eager``).
     """
-    from .generation import get_backend
-    from .models import default_device, load_model
+    from pwopsd.generation import get_backend
+    from pwopsd.models import default_device, load_model
 
     options = options or {}
     if name == "hf":
@@ -204,7 +204,7 @@ def run_generations(
 
     ``settings`` are the evaluation sampling settings (``pwopsd.config.eval_sampling_settings``).
     """
-    from .models import load_tokenizer
+    from pwopsd.models import load_tokenizer
 
     sampling = SamplingConfig.from_evaluation(settings, seed)
     tokenizer = load_tokenizer(manifest)

@@ -18,7 +18,7 @@ schema (``pwopsd.config.loss_keywords`` returns them). ``upcast`` is not a confi
 fp32 computation of the reference forms (the trainer passes ``training.opsd_upcast``).
 
 These forms materialize ``[B, T, V]`` tensors; the training path computes the same values in
-sequence chunks from hidden states (``pwopsd.chunked``).
+sequence chunks from hidden states (``pwopsd.training.chunked``).
 """
 
 from __future__ import annotations
@@ -99,6 +99,22 @@ def reduce_weighted(per_token: torch.Tensor, mask: torch.Tensor, weights: torch.
         return _zero_with_grad(per_token)
     per_seq = wl.sum(dim=1) / lengths.clamp(min=1.0)
     return (per_seq * has).sum() / has.sum().clamp(min=1)
+
+
+def pwopsd_coefficients(mask: torch.Tensor, *, w_min: float, tau: float, s: float, reduction: str) -> torch.Tensor:
+    """The same reductions as :func:`reduce_weighted`, as ``[B, T]`` per-token coefficients ``c`` with
+    loss ``= sum c * l`` (what the chunked training path needs, :mod:`pwopsd.training.chunked`). The
+    reference form above keeps the reference's operation order (sum, then divide); the two are
+    tested equal in value and gradient."""
+    m = mask.to(torch.float32)
+    w = position_weights(mask, w_min=w_min, tau=tau, s=s)
+    if reduction == "global":
+        return w * m / m.sum().clamp(min=1.0)
+    if reduction != "per_sequence":
+        raise ValueError(f"reduction must be 'per_sequence' or 'global', got {reduction!r}")
+    lengths = m.sum(dim=1, keepdim=True)
+    rows = (lengths > 0).sum().clamp(min=1)
+    return w * m / lengths.clamp(min=1.0) / rows
 
 
 def _gather(logp: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Distillation losses computed from hidden states in token chunks (the training path).
 
-At paper scale the reference forms in :mod:`pwopsd.losses` need fp32 ``[B, T, V]`` logits for the
+At paper scale the reference forms in :mod:`pwopsd.training.losses` need fp32 ``[B, T, V]`` logits for the
 student and the teacher (B=4, T=1024, V=151,936: ~2.5 GB per copy, several copies with the
 softmaxes). Here every loss is written as ``sum_{b,t} c[b,t] * l(z_S[b,t], z_T[b,t], y[b,t])`` with
 detached per-token coefficients ``c`` (the reduction: masks, position weights, normalizers) and a
@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from . import losses as L
+from pwopsd.training import losses as L
 
 TokenLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (zs [n,V], zt [n,V], y [n]) -> [n]
 
@@ -71,7 +71,7 @@ def chunked_weighted_sum(h_s, h_t, weight, tokens, coeff, token_loss: TokenLoss,
 
 
 # ----------------------------------------------------------------------------------------------
-# Per-token terms (the same formulas as pwopsd.losses, on [n, V] logits).
+# Per-token terms (the same formulas as pwopsd.training.losses, on [n, V] logits).
 
 
 def _fkl_term(temperature: float, clip: float | None, upcast: bool = True) -> TokenLoss:
@@ -112,21 +112,8 @@ def opsd_loss_chunked(h_s, h_t, weight, mask, *, temperature, clip, upcast=True,
                                 chunk_size=chunk_size)
 
 
-def pwopsd_token_coefficients(mask, *, w_min, tau, s, reduction) -> torch.Tensor:
-    """``[B, T]`` coefficients c with loss = sum c * l, for the PW-OPSD reductions."""
-    m = mask.to(torch.float32)
-    w = L.position_weights(mask, w_min=w_min, tau=tau, s=s)
-    if reduction == "global":
-        return w * m / m.sum().clamp(min=1.0)
-    if reduction != "per_sequence":
-        raise ValueError(f"reduction must be 'per_sequence' or 'global', got {reduction!r}")
-    lengths = m.sum(dim=1, keepdim=True)
-    rows = (lengths > 0).sum().clamp(min=1)
-    return w * m / lengths.clamp(min=1.0) / rows
-
-
 def pwopsd_loss_chunked(h_s, h_t, weight, mask, *, temperature, clip, w_min, tau, s, reduction, chunk_size):
-    coeff = pwopsd_token_coefficients(mask, w_min=w_min, tau=tau, s=s, reduction=reduction)
+    coeff = L.pwopsd_coefficients(mask, w_min=w_min, tau=tau, s=s, reduction=reduction)
     flat = flatten_valid(h_s, h_t, torch.zeros_like(mask, dtype=torch.long), mask)
     return chunked_weighted_sum(flat.h_s, flat.h_t, weight, flat.tokens, coeff[flat.index], _fkl_term(temperature, clip),
                                 chunk_size=chunk_size)
@@ -141,12 +128,21 @@ def eopd_loss_chunked(h_s, h_t, weight, tokens, mask, *, temperature, entropy_th
 
 
 @torch.no_grad()
-def _reopold_stats(flat: FlatBatch, weight, temperature: float, chunk_size: int):
-    rewards, entropies = [], []
+def chunk_log_probs(flat: FlatBatch, weight, temperature: float, chunk_size: int):
+    """Yield ``(slice, log p_S, log p_T)`` of the flattened valid tokens, ``chunk_size`` at a time,
+    without gradients: the statistics passes (REOPOLD's coefficients, the training log's KL and
+    entropies) that need whole distributions but no backward."""
     for start in range(0, flat.tokens.numel(), chunk_size):
         sl = slice(start, start + chunk_size)
         log_ps = F.log_softmax((flat.h_s[sl] @ weight.T).float() / temperature, -1)
         log_pt = F.log_softmax((flat.h_t[sl] @ weight.T).float() / temperature, -1)
+        yield sl, log_ps, log_pt
+
+
+@torch.no_grad()
+def _reopold_stats(flat: FlatBatch, weight, temperature: float, chunk_size: int):
+    rewards, entropies = [], []
+    for sl, log_ps, log_pt in chunk_log_probs(flat, weight, temperature, chunk_size):
         y = flat.tokens[sl, None]
         r = log_pt.gather(-1, y).squeeze(-1) - log_ps.gather(-1, y).squeeze(-1)
         rewards.append(torch.nan_to_num(r, nan=0.0, posinf=0.0, neginf=-1e30))
@@ -170,3 +166,30 @@ def reopold_loss_chunked(h_s, h_t, weight, tokens, mask, *, temperature, lam, be
         return F.log_softmax(zs.float() / temperature, -1).gather(-1, y[:, None]).squeeze(-1)
 
     return chunked_weighted_sum(flat.h_s, flat.h_t, weight, flat.tokens, coeff, term, chunk_size=chunk_size)
+
+
+# ----------------------------------------------------------------------------------------------
+# The training path's losses by name (``methods.<name>.loss`` in the config; the schema's enum and
+# per-loss parameter branches list the same names). Every entry takes the same arguments and uses
+# the ones it needs; ``params`` are the method's (schema-validated) loss parameters.
+
+
+def _opsd(h_s, h_t, weight, tokens, mask, *, step, temperature, clip, upcast, chunk_size, **params):
+    return opsd_loss_chunked(h_s, h_t, weight, mask, temperature=temperature, clip=clip, upcast=upcast,
+                             chunk_size=chunk_size, **params)
+
+
+def _pwopsd(h_s, h_t, weight, tokens, mask, *, step, temperature, clip, upcast, chunk_size, **params):
+    return pwopsd_loss_chunked(h_s, h_t, weight, mask, temperature=temperature, clip=clip, chunk_size=chunk_size, **params)
+
+
+def _eopd(h_s, h_t, weight, tokens, mask, *, step, temperature, clip, upcast, chunk_size, **params):
+    return eopd_loss_chunked(h_s, h_t, weight, tokens, mask, temperature=temperature, chunk_size=chunk_size, **params)
+
+
+def _reopold(h_s, h_t, weight, tokens, mask, *, step, temperature, clip, upcast, chunk_size, **params):
+    return reopold_loss_chunked(h_s, h_t, weight, tokens, mask, temperature=temperature, step=step,
+                                chunk_size=chunk_size, **params)
+
+
+LOSSES: dict[str, Callable[..., torch.Tensor]] = {"opsd": _opsd, "pwopsd": _pwopsd, "eopd": _eopd, "reopold": _reopold}

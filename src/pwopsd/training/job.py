@@ -2,7 +2,7 @@
 export the adapter of the evaluation step, the step log and the training curves.
 
 With more than one training GPU the rule's script starts this module under ``torchrun``
-(``torch.distributed.run --standalone --nproc_per_node N -m pwopsd.train_job args.json``): each
+(``torch.distributed.run --standalone --nproc_per_node N -m pwopsd.training.job args.json``): each
 process trains on its share of every step's problems and the LoRA gradients are averaged over
 the processes (NCCL on GPUs, gloo on CPU). The loop uses ``torch.distributed`` directly, so
 torchrun, which ships with torch and starts the same N processes on a CPU or a GPU node, is the
@@ -22,15 +22,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from .io import atomic_path
+from pwopsd.io import atomic_path
 
 log = logging.getLogger(__name__)
 
 
-def _answer_checker():
-    from .grading import GraderPool, extract_boxed
+def _answer_checker(grading: dict):
+    """Rollout accuracy for the training log, graded with the configured grader (``grading``)."""
+    from pwopsd.evaluation.grading import GraderPool, extract_boxed, pool_settings
 
-    pool = GraderPool(workers=1)
+    timeout, _, options = pool_settings(grading)
+    pool = GraderPool(workers=1, timeout=timeout, options=options)
 
     def check(texts, answers):
         return [g.correct for g in pool.grade_pairs([(a, extract_boxed(t)) for t, a in zip(texts, answers)])]
@@ -44,14 +46,14 @@ class LaunchError(RuntimeError):
 
 # Modules whose code decides what a training step computes: a change restarts runs rather than
 # resuming them with a mix of two versions.
-TRAINING_MODULES = ("training", "chunked", "losses", "prompts", "generation/hf_backend", "train_job")
+TRAINING_MODULES = ("training/loop", "training/chunked", "training/losses", "prompts", "generation/hf_backend", "training/job")
 
 
 def model_identity(manifest: dict) -> dict:
     """What determines a base checkpoint's weights: for a Hub model its id, pinned revision and the
     files' checksums recorded at fetch; for a built or local one the SHA-256 of its files."""
-    from .io import sha256_file
-    from .models import ModelError
+    from pwopsd.io import sha256_file
+    from pwopsd.models import ModelError
 
     if manifest.get("files_sha256"):
         return {"hf_id": manifest.get("hf_id"), "revision": manifest.get("revision"), "files": manifest["files_sha256"]}
@@ -68,11 +70,11 @@ def run_key(args: dict) -> dict:
     checkpoints of exactly the same run."""
     import hashlib
 
-    from .io import sha256_file
-    from .models import read_manifest
-    from .runtime import versions
+    from pwopsd.io import sha256_file
+    from pwopsd.models import read_manifest
+    from pwopsd.runtime import versions
 
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]
     code = hashlib.sha256(b"".join((package / f"{m}.py").read_bytes() for m in TRAINING_MODULES)).hexdigest()
     libs = versions()
     return {"train": args["train"], "dtype": args["dtype"], "chat_template": args["chat_template"],
@@ -82,7 +84,7 @@ def run_key(args: dict) -> dict:
 
 def checkpoint_dir(work_root: str | Path, args: dict) -> Path:
     """The run's checkpoint folder under ``work_root``: one per :func:`run_key`."""
-    from .io import fingerprint
+    from pwopsd.io import fingerprint
 
     return Path(work_root) / fingerprint(run_key(args))
 
@@ -103,8 +105,8 @@ def check_world_size(expected: int, env: dict | None = None) -> int:
 def run(args: dict) -> None:
     import torch
 
-    from .models import default_device, load_model, load_tokenizer, read_manifest
-    from .training import Example, TrainConfig, Trainer, dist_info
+    from pwopsd.models import default_device, load_model, load_tokenizer, read_manifest
+    from pwopsd.training.loop import Example, TrainConfig, Trainer, dist_info
 
     check_world_size(int(args.get("processes", 1)))
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -125,7 +127,7 @@ def run(args: dict) -> None:
     examples = [Example(p, s, str(a) if has_answers else "") for p, s, a in
                 zip(corpus["problem"], corpus["solution"], corpus["answer"] if has_answers else [""] * len(corpus))]
     cfg = TrainConfig(**args["train"])
-    check, pool = _answer_checker() if has_answers else (None, None)
+    check, pool = _answer_checker(args["grading"]) if has_answers else (None, None)
     try:
         trainer = Trainer(model, tokenizer, examples, cfg, args["work_dir"],
                           add_special_tokens=args["chat_template"].get("add_special_tokens", True),
@@ -162,7 +164,7 @@ def launch(args: dict, processes: int, args_path: str | Path, log_path: str | Pa
         return
     Path(args_path).write_text(json.dumps(args))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
-           "-m", "pwopsd.train_job", str(args_path)]
+           "-m", "pwopsd.training.job", str(args_path)]
     log.info("launching: %s", " ".join(cmd))
     for handler in logging.getLogger().handlers:
         handler.flush()

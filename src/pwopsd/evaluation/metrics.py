@@ -111,9 +111,9 @@ def metrics_from_grades(predictions: Sequence[str | None], correct: Sequence[boo
 def problem_metrics(predictions: Sequence[str | None], gold: str, *, pool=None, timeout: float = 5.0, options=None) -> dict:
     """Avg/Pass/Maj/Maj-string/format rate of one problem's N extracted predictions.
 
-    Grades with a :class:`pwopsd.grading.GraderPool` (one is started if none is given).
+    Grades with a :class:`pwopsd.evaluation.grading.GraderPool` (one is started if none is given).
     """
-    from .grading import GraderPool, GradingOptions
+    from pwopsd.evaluation.grading import GraderPool, GradingOptions
 
     own = pool is None
     pool = pool or GraderPool(timeout=timeout, options=options or GradingOptions())

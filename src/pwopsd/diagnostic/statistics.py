@@ -4,7 +4,6 @@
 * :func:`residualize` (within-problem mean-centering) and :func:`residualized_auroc`;
 * :func:`cluster_bootstrap_ci`: resample *problems* with replacement (a problem drawn twice counts as
   two clusters), recompute the residualization on every resample, percentile interval;
-* :func:`label_candidate`: diversity / real-uncertain / gray from the children's viabilities;
 * :func:`mc_dropout_scores`: full entropy of the mean, mutual information and the moment-matched
   Dirichlet precision from M MC-dropout distributions; :func:`log_kappa` at score time.
 
@@ -16,6 +15,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 
 DIVERSITY = "diversity"
 REAL_UNCERTAIN = "real_uncertain"
@@ -111,17 +111,6 @@ def cluster_bootstrap_ci(scores: Sequence[float], labels: Sequence[int], groups:
     return float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha))
 
 
-def label_candidate(viabilities: Sequence[float], *, v_high: float = 0.75, v_low: float = 0.40) -> str:
-    """Diversity if at least two children have viability >= v_high; real-uncertain if every child
-    is below v_low and so is their mean; gray otherwise (excluded from the AUROC)."""
-    v = np.asarray(viabilities, dtype=float)
-    if int((v >= v_high).sum()) >= 2:
-        return DIVERSITY
-    if len(v) and bool((v < v_low).all()) and float(v.mean()) < v_low:
-        return REAL_UNCERTAIN
-    return GRAY
-
-
 def mc_dropout_scores(probs: np.ndarray) -> dict[str, float]:
     """Scores from M MC-dropout distributions ``[M, V]`` at one position.
 
@@ -149,3 +138,21 @@ def mc_dropout_scores(probs: np.ndarray) -> dict[str, float]:
 def log_kappa(kappa: float, eps: float = 1e-6) -> float:
     """``log max(kappa, eps)``, applied at score time only."""
     return float(np.log(max(kappa, eps)))
+
+
+def binned_rates(values: np.ndarray, failure: np.ndarray, bins: int, *, quantile: bool) -> pd.DataFrame:
+    """Mean failure rate per bin of ``values`` (equal-width on [0, 1], or quantile bins)."""
+    values, failure = np.asarray(values, float), np.asarray(failure, float)
+    if len(values) == 0:
+        return pd.DataFrame(columns=["bin", "lo", "hi", "center", "n", "failure_rate"])
+    edges = np.unique(np.quantile(values, np.linspace(0, 1, bins + 1))) if quantile else np.linspace(0, 1, bins + 1)
+    if len(edges) < 2:
+        edges = np.array([values.min(), values.max() + 1e-12])
+    idx = np.clip(np.searchsorted(edges, values, side="right") - 1, 0, len(edges) - 2)
+    rows = []
+    for b in range(len(edges) - 1):
+        sel = idx == b
+        rows.append({"bin": b, "lo": edges[b], "hi": edges[b + 1], "center": values[sel].mean() if sel.any() else
+                     (edges[b] + edges[b + 1]) / 2, "n": int(sel.sum()),
+                     "failure_rate": float(failure[sel].mean()) if sel.any() else float("nan")})
+    return pd.DataFrame(rows)

@@ -119,7 +119,7 @@ def render_markdown(comparison: pd.DataFrame, reproduced: pd.DataFrame, *, title
 def comparison_figure(comparison: pd.DataFrame, reproduced: pd.DataFrame, pdf_path, csv_path) -> pd.DataFrame:
     """Paper vs reproduced Avg@N (error bars: across-seed std); with no paired values, the
     reproduced Avg@N per run and benchmark alone, labelled as such."""
-    from .figures import _pyplot, save_figure
+    from pwopsd.report.figures import _pyplot, save_figure
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(4.8, 4.2))

@@ -11,7 +11,7 @@ Each optimizer step:
    does (right-padded prompts, attention mask ``id != pad``, default position ids: the
    "prompt-PAD gap"), runs the student with the adapter and the teacher with the adapter disabled
    (no grad), and computes the method's loss from the hidden states in chunks
-   (:mod:`pwopsd.chunked`);
+   (:mod:`pwopsd.training.chunked`);
 4. clips the gradient norm and steps AdamW with a linear decay to 0 over ``max_steps``.
 
 Every ``save_every`` steps the adapter, optimizer, scheduler, step and RNG states are written
@@ -31,11 +31,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from . import chunked as C
-from . import prompts
-from .generation import GenerationRequest
-from .generation.hf_backend import HFBackend
-from .io import atomic_path
+from pwopsd.training import chunked as C
+from pwopsd import prompts
+from pwopsd.generation import GenerationRequest
+from pwopsd.generation.hf_backend import HFBackend
+from pwopsd.io import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -137,20 +137,11 @@ def completion_hidden(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def method_loss(cfg: TrainConfig, h_s, h_t, weight, tokens, mask, step: int) -> torch.Tensor:
-    kw = dict(cfg.loss)
-    if cfg.method == "opsd":
-        return C.opsd_loss_chunked(h_s, h_t, weight, mask, temperature=cfg.temperature, clip=cfg.clip,
-                                   upcast=cfg.opsd_upcast, chunk_size=cfg.chunk_size)
-    if cfg.method == "pwopsd":
-        return C.pwopsd_loss_chunked(h_s, h_t, weight, mask, temperature=cfg.temperature, clip=cfg.clip,
-                                     chunk_size=cfg.chunk_size, **kw)
-    if cfg.method == "eopd":
-        return C.eopd_loss_chunked(h_s, h_t, weight, tokens, mask, temperature=cfg.temperature,
-                                   chunk_size=cfg.chunk_size, **kw)
-    if cfg.method == "reopold":
-        return C.reopold_loss_chunked(h_s, h_t, weight, tokens, mask, temperature=cfg.temperature, step=step,
-                                      chunk_size=cfg.chunk_size, **kw)
-    raise ValueError(f"unknown method {cfg.method!r} (opsd, pwopsd, eopd, reopold)")
+    """The run's loss (``cfg.method``, an entry of :data:`pwopsd.training.chunked.LOSSES`) on one micro-batch."""
+    if cfg.method not in C.LOSSES:
+        raise ValueError(f"unknown method {cfg.method!r} ({', '.join(C.LOSSES)})")
+    return C.LOSSES[cfg.method](h_s, h_t, weight, tokens, mask, step=step, temperature=cfg.temperature, clip=cfg.clip,
+                                upcast=cfg.opsd_upcast, chunk_size=cfg.chunk_size, **cfg.loss)
 
 
 @torch.no_grad()
@@ -161,10 +152,7 @@ def token_stats(h_s, h_t, weight, mask, temperature: float, chunk_size: int) -> 
     if n == 0:
         return {"kl": 0.0, "student_entropy": 0.0, "teacher_entropy": 0.0}
     kl = hs_ent = ht_ent = 0.0
-    for start in range(0, n, chunk_size):
-        sl = slice(start, start + chunk_size)
-        lps = torch.log_softmax((flat.h_s[sl] @ weight.T).float() / temperature, -1)
-        lpt = torch.log_softmax((flat.h_t[sl] @ weight.T).float() / temperature, -1)
+    for _, lps, lpt in C.chunk_log_probs(flat, weight, temperature, chunk_size):
         kl += float((lpt.exp() * (lpt - lps)).sum())
         hs_ent += float(-(lps.exp() * lps).sum())
         ht_ent += float(-(lpt.exp() * lpt).sum())

@@ -1,6 +1,6 @@
 """Per-spine building blocks of the branch-viability diagnostic (paper Appendices A-B): the
 streamed teacher pass (Phase B), candidate selection (Phase C), MC-dropout hooks (Phase D) and
-forced-continuation requests (Phase E). :mod:`pwopsd.branch_viability` runs the phases on tables."""
+forced-continuation requests (Phase E). :mod:`pwopsd.diagnostic.phases` runs the phases on tables."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
+
+from pwopsd.models import decoder_layers
 
 # torch is imported inside the model-pass functions (decoder_layers, mc_dropout, teacher_pass):
 # candidate selection and forced-continuation requests also run in the vLLM stack's jobs, and
@@ -70,20 +72,10 @@ def select_candidates(top_ids: np.ndarray, top_probs: np.ndarray, is_valid: Call
     return sorted(chosen, key=lambda c: c.position)
 
 
-def decoder_layers(model) -> list["torch.nn.Module"]:
-    """The transformer blocks of a HF causal LM (``model.model.layers``, through a PEFT wrapper too)."""
-    inner = model
-    for attr in ("base_model", "model"):
-        while hasattr(inner, attr) and not hasattr(inner, "layers"):
-            inner = getattr(inner, attr)
-    if not hasattr(inner, "layers"):
-        raise ValueError("could not find the decoder layers of the model")
-    return list(inner.layers)
-
-
 @contextlib.contextmanager
-def mc_dropout(model, *, last_layers: int = 4, p: float = 0.1) -> Iterator[None]:
-    """Apply ``F.dropout(h, p, training=True)`` to the outputs of the last ``last_layers`` blocks.
+def mc_dropout(model, *, last_layers: int, p: float, layers: str) -> Iterator[None]:
+    """Apply ``F.dropout(h, p, training=True)`` to the outputs of the last ``last_layers`` blocks
+    (found at the model entry's ``layers`` path, :func:`pwopsd.models.decoder_layers`).
 
     Hooks are always removed on exit (``try/finally``), also after an exception.
     """
@@ -95,7 +87,7 @@ def mc_dropout(model, *, last_layers: int = 4, p: float = 0.1) -> Iterator[None]
             return (F.dropout(output[0], p, training=True), *output[1:])
         return F.dropout(output, p, training=True)
 
-    handles = [layer.register_forward_hook(hook) for layer in decoder_layers(model)[-last_layers:]]
+    handles = [layer.register_forward_hook(hook) for layer in decoder_layers(model, layers)[-last_layers:]]
     try:
         yield
     finally:
@@ -147,7 +139,7 @@ def forced_continuation_requests(student_prompt_ids: Sequence[int], spine_ids: S
 
     Child ``j`` gets request seed ``seed + j * seed_stride`` (default stride ``n``: the children's
     samples, seeds ``s + k`` in vLLM's convention, never share a seed)."""
-    from .sampling import SamplingConfig
+    from pwopsd.generation.sampling import SamplingConfig
 
     stride = n if seed_stride is None else seed_stride
     reqs = []

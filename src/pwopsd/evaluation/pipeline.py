@@ -9,8 +9,8 @@ from typing import Any
 
 import pandas as pd
 
-from .grading import STATUS_OVER_BUDGET, STATUS_TIMEOUT, GraderPool, extract_boxed
-from .metrics import METRICS, aggregate_seeds, clustering_pairs, maj_clusters, metrics_from_grades
+from pwopsd.evaluation.grading import STATUS_OVER_BUDGET, STATUS_TIMEOUT, GraderPool, extract_boxed
+from pwopsd.evaluation.metrics import METRICS, aggregate_seeds, clustering_pairs, maj_clusters, metrics_from_grades
 
 log = logging.getLogger(__name__)
 

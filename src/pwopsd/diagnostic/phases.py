@@ -14,7 +14,7 @@ One rule per phase; the files between them (``results/diagnostic/{model}/``):
 * G ``scored.parquet`` + ``branch_auroc.json``: residualized AUROC / AUPRC with cluster-bootstrap
   intervals per score.
 
-The statistics live in :mod:`pwopsd.stats`, the per-spine primitives in :mod:`pwopsd.diagnostic`.
+The statistics live in :mod:`pwopsd.diagnostic.statistics`, the per-spine primitives in :mod:`pwopsd.diagnostic.branch_points`.
 """
 
 from __future__ import annotations
@@ -28,11 +28,13 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from . import prompts, stats
-from .diagnostic import (decoder_layers, forced_continuation_requests, last_hidden_states, mc_dropout, select_candidates,
-                         teacher_pass, truncated_entropy)
-from .generation import GenerationRequest
-from .grading import extract_boxed
+from pwopsd import prompts
+from pwopsd.diagnostic import statistics as stats
+from pwopsd.diagnostic.branch_points import (forced_continuation_requests, last_hidden_states, mc_dropout,
+                                             select_candidates, teacher_pass, truncated_entropy)
+from pwopsd.evaluation.grading import extract_boxed
+from pwopsd.generation import GenerationRequest
+from pwopsd.models import decoder_layers
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +182,8 @@ def run_spines(backend, tokenizer, problems: pd.DataFrame, settings: dict, *, gr
     """Greedy student-template rollouts, then a seeded T=``fallback_temperature`` rollout for the
     problems whose greedy spine has no ``\\boxed{...}``; the spine's answer is graded with
     ``grade(predictions, golds) -> list[bool]``. Resumable through ``partial_root`` (a function
-    of a fingerprint key returning a folder, :func:`pwopsd.sampling.partial_dir`)."""
-    from .sampling import PromptTooLongError, SamplingConfig, generate_resumable
+    of a fingerprint key returning a folder, :func:`pwopsd.generation.sampling.partial_dir`)."""
+    from pwopsd.generation.sampling import PromptTooLongError, SamplingConfig, generate_resumable
 
     sp = settings["spine"]
     chat_template = settings["chat_template"]
@@ -233,7 +235,7 @@ def run_spines(backend, tokenizer, problems: pd.DataFrame, settings: dict, *, gr
 def run_teacher_pass(model, tokenizer, spines: pd.DataFrame, settings: dict) -> pd.DataFrame:
     """Per spine position: full entropy, truncated entropy over the top-M valid tokens, and the
     top-k ids/probabilities of the teacher-template distribution (streamed, see
-    :func:`pwopsd.diagnostic.teacher_pass`)."""
+    :func:`pwopsd.diagnostic.branch_points.teacher_pass`)."""
     tp = settings["teacher_pass"]
     keep = TokenFilter(tokenizer, drop_whitespace=bool(settings["candidates"]["drop_whitespace"]))
     frames = []
@@ -261,7 +263,7 @@ def run_teacher_pass(model, tokenizer, spines: pd.DataFrame, settings: dict) -> 
 
 def run_candidates(tokenizer, spines: pd.DataFrame, teacher: pd.DataFrame, settings: dict) -> pd.DataFrame:
     """Up to ``max_per_problem`` high-truncated-entropy plausible positions per spine, with their
-    top ``children`` valid tokens as forced alternatives (:func:`pwopsd.diagnostic.select_candidates`)."""
+    top ``children`` valid tokens as forced alternatives (:func:`pwopsd.diagnostic.branch_points.select_candidates`)."""
     c = settings["candidates"]
     keep = TokenFilter(tokenizer, drop_whitespace=bool(c["drop_whitespace"]))
     rows = []
@@ -310,7 +312,7 @@ def run_mc_dropout(model, tokenizer, spines: pd.DataFrame, candidates: pd.DataFr
     spine_rows = spines.set_index(PROBLEM_KEY)
     rows = []
     head = model.get_output_embeddings().weight
-    n_layers = len(decoder_layers(model))
+    n_layers = len(decoder_layers(model, settings["layers"]))
     if int(md["last_layers"]) > n_layers:
         raise DiagnosticError(f"diagnostic.mc_dropout.last_layers: {md['last_layers']} but the model has {n_layers} layers")
     for (dataset, pid), cands in candidates.groupby(PROBLEM_KEY, sort=False):
@@ -321,7 +323,7 @@ def run_mc_dropout(model, tokenizer, spines: pd.DataFrame, candidates: pd.DataFr
         at = torch.tensor([len(prompt) - 1 + p for p in positions])
         torch.manual_seed(mc_seed(md["seed"], dataset, pid))
         samples = []
-        with torch.no_grad(), mc_dropout(model, last_layers=int(md["last_layers"]), p=float(md["p"])):
+        with torch.no_grad(), mc_dropout(model, last_layers=int(md["last_layers"]), p=float(md["p"]), layers=settings["layers"]):
             for _ in range(m):
                 h = last_hidden_states(model, ids)[at.to(head.device)]
                 samples.append(torch.softmax((h @ head.T).float(), dim=-1).double().cpu().numpy())
@@ -362,10 +364,21 @@ def forced_continuation_plan(spines: pd.DataFrame, candidates: pd.DataFrame, set
 # Phase F: labels
 
 
+def label_candidate(viabilities: Sequence[float], *, v_high: float = 0.75, v_low: float = 0.40) -> str:
+    """Diversity if at least two children have viability >= v_high; real-uncertain if every child
+    is below v_low and so is their mean; gray otherwise (excluded from the AUROC)."""
+    v = np.asarray(viabilities, dtype=float)
+    if int((v >= v_high).sum()) >= 2:
+        return stats.DIVERSITY
+    if len(v) and bool((v < v_low).all()) and float(v.mean()) < v_low:
+        return stats.REAL_UNCERTAIN
+    return stats.GRAY
+
+
 def label_candidates(candidates: pd.DataFrame, continuations: pd.DataFrame, spines: pd.DataFrame, settings: dict, *,
                      grade) -> pd.DataFrame:
     """Child viability = fraction of its continuations whose boxed answer is correct; the
-    candidate's label from its children's viabilities (:func:`pwopsd.stats.label_candidate`)."""
+    candidate's label from its children's viabilities (:func:`label_candidate`)."""
     lab = settings["labels"]
     gold = spines.set_index(PROBLEM_KEY)["answer"]
     cont = continuations.copy()
@@ -379,7 +392,7 @@ def label_candidates(candidates: pd.DataFrame, continuations: pd.DataFrame, spin
     for _, cand in candidates.iterrows():
         g = by_cand.get((cand["dataset"], cand["problem_id"], int(cand["candidate"])))
         v = [] if g is None else [float(x) for x in g.sort_values("child_rank")["viability"]]
-        label = stats.label_candidate(v, v_high=float(lab["v_high"]), v_low=float(lab["v_low"])) if v else stats.GRAY
+        label = label_candidate(v, v_high=float(lab["v_high"]), v_low=float(lab["v_low"])) if v else stats.GRAY
         rows.append({"dataset": cand["dataset"], "problem_id": cand["problem_id"], "candidate": int(cand["candidate"]),
                      "viabilities": v, "mean_viability": float(np.mean(v)) if v else float("nan"),
                      "n_continuations": 0 if g is None else int(g["n_continuations"].sum()), "label": label})
@@ -404,6 +417,12 @@ def _finite(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else float(x)
 
 
+def diagnostic_pool(scored: pd.DataFrame, scores: dict) -> pd.DataFrame:
+    """The candidates Table 1 and Figure 1 are computed on: those of correct spines when
+    ``diagnostic.scores.correct_spines_only`` (the paper), else all."""
+    return scored[scored["spine_correct"]] if scores["correct_spines_only"] else scored
+
+
 def branch_auroc_summary(scored: pd.DataFrame, spines: pd.DataFrame, settings: dict) -> dict[str, Any]:
     """Table 1's numbers: per score the within-problem residualized AUROC (real-uncertain = positive),
     its cluster-bootstrap interval, the AUPRC of the residualized score, and the pool's counts.
@@ -412,7 +431,7 @@ def branch_auroc_summary(scored: pd.DataFrame, spines: pd.DataFrame, settings: d
     a class missing) and the AUROC fields are ``None``.
     """
     sc = settings["scores"]
-    pool = scored[scored["spine_correct"]] if sc["correct_spines_only"] else scored
+    pool = diagnostic_pool(scored, sc)
     binary = pool[pool["label"].isin([stats.REAL_UNCERTAIN, stats.DIVERSITY])].reset_index(drop=True)
     y = (binary["label"] == stats.REAL_UNCERTAIN).astype(int).to_numpy()
     groups = (binary["dataset"] + "/" + binary["problem_id"]).to_numpy()
@@ -456,21 +475,3 @@ def branch_auroc_summary(scored: pd.DataFrame, spines: pd.DataFrame, settings: d
     log.info("scores: %d bootstrap intervals in %.1fs", len(rows), time.time() - t0)
     return {"status": status, "counts": counts, "positive_rate": _finite(float(y.mean())) if len(y) else None,
             "scores": rows, "settings": {k: settings[k] for k in ("scores", "labels")}}
-
-
-def binned_rates(values: np.ndarray, failure: np.ndarray, bins: int, *, quantile: bool) -> pd.DataFrame:
-    """Mean failure rate per bin of ``values`` (equal-width on [0, 1], or quantile bins)."""
-    values, failure = np.asarray(values, float), np.asarray(failure, float)
-    if len(values) == 0:
-        return pd.DataFrame(columns=["bin", "lo", "hi", "center", "n", "failure_rate"])
-    edges = np.unique(np.quantile(values, np.linspace(0, 1, bins + 1))) if quantile else np.linspace(0, 1, bins + 1)
-    if len(edges) < 2:
-        edges = np.array([values.min(), values.max() + 1e-12])
-    idx = np.clip(np.searchsorted(edges, values, side="right") - 1, 0, len(edges) - 2)
-    rows = []
-    for b in range(len(edges) - 1):
-        sel = idx == b
-        rows.append({"bin": b, "lo": edges[b], "hi": edges[b + 1], "center": values[sel].mean() if sel.any() else
-                     (edges[b] + edges[b + 1]) / 2, "n": int(sel.sum()),
-                     "failure_rate": float(failure[sel].mean()) if sel.any() else float("nan")})
-    return pd.DataFrame(rows)

@@ -1,4 +1,5 @@
-"""Figures; each writes the data it plots as CSV beside the PDF."""
+"""Figures (rules ``schedules_figure``, ``training_curves``, ``branch_auroc_figure``); each writes
+the data it plots as CSV beside the PDF. Statistical panels are drawn with seaborn on one theme."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .io import atomic_path
+from pwopsd.io import atomic_path
 
 
 def _pyplot():
@@ -15,8 +16,16 @@ def _pyplot():
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import seaborn as sns
 
+    sns.set_theme(context="paper", style="whitegrid", palette="colorblind")
     return plt
+
+
+def _sns():
+    import seaborn as sns
+
+    return sns
 
 
 def save_figure(fig, table: pd.DataFrame, pdf_path: str | Path, csv_path: str | Path, float_format: str | None = "%.6f") -> None:
@@ -33,7 +42,7 @@ def schedule_curves(schedules: dict[str, tuple[float, float, float]], points: in
     """Weight w(r) of every schedule on a grid of normalized positions r in [0, 1]."""
     import torch
 
-    from .losses import schedule_weight
+    from pwopsd.training.losses import schedule_weight
 
     r = np.linspace(0.0, 1.0, points)
     data = {"r": r}
@@ -42,8 +51,10 @@ def schedule_curves(schedules: dict[str, tuple[float, float, float]], points: in
     return pd.DataFrame(data)
 
 
-def schedules_figure(schedules: dict[str, tuple[float, float, float]], pdf_path: str | Path, csv_path: str | Path) -> pd.DataFrame:
-    """Figure 2: the PW-OPSD weight schedules with their (w_min, tau, s) knobs annotated."""
+def schedules_figure(schedules: dict[str, tuple[float, float, float]], pdf_path: str | Path, csv_path: str | Path,
+                     titles: dict[str, str] | None = None) -> pd.DataFrame:
+    """Figure 2: the PW-OPSD weight schedules with their (w_min, tau, s) knobs annotated; one
+    panel per schedule, titled by ``titles`` (default the schedule's name), one CSV column each."""
     plt = _pyplot()
 
     curves = schedule_curves(schedules)
@@ -57,7 +68,7 @@ def schedules_figure(schedules: dict[str, tuple[float, float, float]], pdf_path:
         ax.annotate(f"$w_{{\\min}}={w_min:g}$", (0.98, w_min), xytext=(0, 4), textcoords="offset points", ha="right", fontsize=8, color="C3")
         ax.annotate(f"$\\tau={tau:g}$", (tau, 0.02), xytext=(3, 0), textcoords="offset points", fontsize=8, color="C2")
         ax.annotate(f"$s={s:g}$ (width)", (tau, 0.5), xytext=(3, 0), textcoords="offset points", fontsize=8, color="C2")
-        ax.set_title(name.capitalize(), fontsize=10)
+        ax.set_title((titles or {}).get(name, name), fontsize=10)
         ax.set_xlabel("normalized position $r$")
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1.05)
@@ -79,12 +90,14 @@ def training_curves(log_paths: dict[str, str | Path], pdf_path: str | Path, csv_
     data = pd.concat(frames, ignore_index=True)
     panels = [c for c in ("loss", "kl", "rollout_length", "rollout_accuracy") if c in data]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.6))
-    for ax, col in zip(np.atleast_1d(axes), panels):
-        for run, grp in data.groupby("run", sort=False):
-            ax.plot(grp["step"], grp[col], label=run, lw=1.2)
+    for k, (ax, col) in enumerate(zip(np.atleast_1d(axes), panels)):
+        # one line per run; runs logged more than once per step (several seeds) get a 95% band
+        _sns().lineplot(data=data, x="step", y=col, hue="run", ax=ax, lw=1.2, errorbar=("ci", 95), legend=k == 0)
         ax.set_title(col.replace("_", " "), fontsize=10)
         ax.set_xlabel("step")
-    np.atleast_1d(axes)[0].legend(fontsize=7)
+        ax.set_ylabel("")
+    if len(panels) and np.atleast_1d(axes)[0].get_legend() is not None:
+        np.atleast_1d(axes)[0].legend(fontsize=7)
     cols = ["run", "step"] + panels
     save_figure(fig, data[cols], pdf_path, csv_path, float_format=None)
     return data[cols]
@@ -97,14 +110,14 @@ def _failure(scored: pd.DataFrame) -> pd.DataFrame:
     return data
 
 
-def branch_auroc_figure(scored: pd.DataFrame, *, bins: int, schedule: dict | None, schedule_name: str,
+def branch_auroc_figure(scored: pd.DataFrame, *, bins: int, schedule: dict | None, schedule_name: str, schedule_label: str | None = None,
                         pdf_path: str | Path, csv_path: str | Path) -> pd.DataFrame:
     """Figure 1. (A) failure rate of forced student-context continuations by quantile bins of the
     normalized position and of two entropy scores; (B) the empirical reliability (mean child
     viability) by normalized-position bin with the PW-OPSD schedule ``w(r)`` overlaid."""
     plt = _pyplot()
 
-    from .branch_viability import binned_rates
+    from pwopsd.diagnostic.statistics import binned_rates
 
     data = _failure(scored)
     frames = []
@@ -123,21 +136,23 @@ def branch_auroc_figure(scored: pd.DataFrame, *, bins: int, schedule: dict | Non
     table = pd.concat(frames, ignore_index=True)[["panel", "series", "bin", "lo", "hi", "center", "n", "value"]]
 
     fig, (ax_a, ax_b) = plt.subplots(1, 2, figsize=(8.0, 3.0))
-    for k, (series, part) in enumerate(table[table["panel"] == "A"].groupby("series", sort=False)):
-        ax_a.plot(part["bin"] + 1, part["value"], marker="o", color=f"C{k}", label=series)
+    panel_a = table[table["panel"] == "A"].assign(quantile_bin=lambda t: t["bin"] + 1)
+    if len(panel_a):
+        _sns().lineplot(data=panel_a, x="quantile_bin", y="value", hue="series", marker="o", ax=ax_a)
     ax_a.set_xlabel("quantile bin (low $\\rightarrow$ high)")
     ax_a.set_ylabel("failure rate of forced branches")
     ax_a.set_ylim(-0.02, 1.02)
     ax_a.set_title("(A) failure by position vs entropy", fontsize=10)
     b = table[table["panel"] == "B"]
     emp = b[b["series"].str.startswith("reliability")]
-    ax_b.plot(emp["center"], emp["value"], marker="o", color="C0", label="empirical reliability")
+    if emp["value"].notna().any():
+        _sns().lineplot(x=emp["center"], y=emp["value"], marker="o", color="C0", label="empirical reliability", ax=ax_b)
     for x, y, n in zip(emp["center"], emp["value"], emp["n"]):
         if n:
             ax_b.annotate(f"n={int(n)}", (x, y), xytext=(0, 5), textcoords="offset points", ha="center", fontsize=7)
     sched = b[b["series"].str.startswith("schedule")]
     if len(sched):
-        ax_b.plot(sched["center"], sched["value"], color="C3", ls="--", label=f"PW-OPSD {schedule_name.removeprefix('pwopsd_')} $w(r)$")
+        ax_b.plot(sched["center"], sched["value"], color="C3", ls="--", label=f"{schedule_label or schedule_name} $w(r)$")
     ax_b.set_xlabel("normalized position $\\widetilde r$")
     ax_b.set_ylabel("reliability / weight")
     ax_b.set_xlim(0, 1)
@@ -162,9 +177,12 @@ def branch_scatter_figure(scored: pd.DataFrame, *, labels: dict, pdf_path: str |
     table = data[[c for c in cols if c in data]].reset_index(drop=True)
     colors = {"real_uncertain": "C3", "diversity": "C0", "gray": "0.6"}
     fig, axes = plt.subplots(1, 3, figsize=(10.5, 3.0))
-    for label, part in table.groupby("label"):
-        axes[0].scatter(part["r_tilde"], part["mean_viability"], s=12, color=colors.get(label, "k"), label=label, alpha=0.8)
-        axes[1].scatter(part["h_trunc"], part["mean_viability"], s=12, color=colors.get(label, "k"), label=label, alpha=0.8)
+    sns = _sns()
+    palette = {label: colors.get(label, "k") for label in table["label"].unique()} if "label" in table else {}
+    if len(table):
+        for ax, x in ((axes[0], "r_tilde"), (axes[1], "h_trunc")):
+            sns.scatterplot(data=table, x=x, y="mean_viability", hue="label", palette=palette, s=14, alpha=0.8, ax=ax,
+                            legend=ax is axes[0])
     for ax, xlabel in ((axes[0], "normalized position $\\widetilde r$"), (axes[1], "$h_{\\mathrm{trunc}}$ (nats)")):
         ax.axhline(labels["v_high"], color="C0", ls=":", lw=1)
         ax.axhline(labels["v_low"], color="C3", ls=":", lw=1)
@@ -172,14 +190,15 @@ def branch_scatter_figure(scored: pd.DataFrame, *, labels: dict, pdf_path: str |
         ax.set_ylabel("mean child viability")
         ax.set_ylim(-0.05, 1.05)
     edges = np.linspace(0, 1, 11)
-    for label, part in table.groupby("label"):
-        axes[2].hist(part["r_tilde"], bins=edges, histtype="step", lw=1.5, color=colors.get(label, "k"), label=label)
+    if len(table):
+        sns.histplot(data=table, x="r_tilde", hue="label", palette=palette, bins=edges, element="step", fill=False,
+                     lw=1.5, ax=axes[2])
     axes[2].set_xlabel("normalized position $\\widetilde r$")
     axes[2].set_ylabel("candidates")
     for ax in axes:
         if table.empty:
             ax.text(0.5, 0.5, "no labelled candidates", transform=ax.transAxes, ha="center", color="0.4")
-        elif ax is not axes[1]:
+        elif ax is axes[0] and ax.get_legend() is not None:
             ax.legend(fontsize=7)
     save_figure(fig, table, pdf_path, csv_path)
     return table

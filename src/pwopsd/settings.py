@@ -1,0 +1,160 @@
+"""What every rule passes its script as ``params``, derived from the validated config.
+
+Each function is pure, ``(config, wildcards[, ...]) -> value``, and rules use them through one
+helper of ``workflow/rules/common.smk``::
+
+    params:
+        train=config_param(settings.training_run),
+    threads: config_param(settings.generation_threads)
+
+Params are what Snakemake compares between runs (``--rerun-triggers params``), so everything that
+determines a result reaches a script this way. The exceptions are execution settings that change
+speed, not results (Hub access, engine parallelism and batch sizes): scripts read those with
+:func:`execution_settings`, so that moving a job to other GPUs does not rerun finished results.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pwopsd import config as C
+
+# -- data and models ---------------------------------------------------------------------------
+
+
+def benchmark_entry(cfg: dict, wc) -> dict:
+    return cfg["benchmarks"][wc.benchmark]
+
+
+def train_corpus_entry(cfg: dict, wc) -> dict | None:
+    return cfg.get("train_corpus")
+
+
+def hub_model(cfg: dict, wc) -> dict:
+    """Hub id and pinned revision of a model fetched by ``fetch_model``."""
+    entry = cfg["models"][wc.model]
+    return {"hf_id": entry["hf_id"], "revision": entry["revision"]}
+
+
+def tiny_model(cfg: dict, wc) -> dict:
+    return cfg.get("tiny", {})
+
+
+def dtype(cfg: dict, wc) -> str:
+    return cfg["models"][wc.model]["dtype"]
+
+
+def chat_template(cfg: dict, wc) -> dict:
+    return cfg["models"][wc.model]["chat_template"]
+
+
+def gpus(cfg: dict, wc, stage: str) -> int:
+    """GPUs of a model's stage (``generate`` / ``train`` / ``forward``), from its entry."""
+    return int(cfg["models"][wc.model]["gpus"][stage])
+
+
+# -- generation and evaluation -----------------------------------------------------------------
+
+
+def benchmarks(cfg: dict, wc=None) -> list[str]:
+    return list(cfg["benchmarks"])
+
+
+def sampling(cfg: dict, wc) -> dict:
+    return C.eval_sampling_settings(cfg)
+
+
+def sampling_seed(cfg: dict, wc) -> int | None:
+    return C.sampling_seed(cfg, wc.seed)
+
+
+def backend(cfg: dict, wc) -> str:
+    return cfg["evaluation"]["backend"]
+
+
+def generation_threads(cfg: dict, wc=None) -> int:
+    return int(cfg["evaluation"]["threads"])
+
+
+def grading(cfg: dict, wc=None) -> dict:
+    return C.grading_options(cfg)
+
+
+def grading_workers(cfg: dict, wc=None) -> int:
+    return int(cfg["grading"]["workers"])
+
+
+# -- training ----------------------------------------------------------------------------------
+
+
+def training_run(cfg: dict, wc) -> dict:
+    return C.training_config(cfg, wc.model, wc.method)
+
+
+def eval_step(cfg: dict, wc=None) -> int | None:
+    return cfg.get("training", {}).get("eval_step")
+
+
+def checkpoint_root(cfg: dict, wc) -> str:
+    """Where a run's checkpoint folders live (one per run key, see ``pwopsd.training.job``)."""
+    return f"results/training/{wc.model}/{wc.method}/checkpoints"
+
+
+def curve_runs(cfg: dict, wc) -> list[str]:
+    """Methods whose training curves are drawn for a model: its runs that some table shows."""
+    return [method for model, method in C.runs_in_tables(cfg) if model == wc.model]
+
+
+# -- tables, figures, report -------------------------------------------------------------------
+
+
+def table_spec(cfg: dict, wc) -> dict:
+    kind = C.table_outputs(cfg)[wc.table]
+    tables = cfg["tables"]
+    return {"kind": kind, **tables[kind], "methods_config": cfg.get("methods", {}),
+            "benchmark_labels": tables.get("benchmark_labels", {}), "model_labels": tables.get("model_labels", {}),
+            "n": cfg["evaluation"]["n"], "models": tables[kind].get("models") or list(cfg["models"])}
+
+
+def schedules(cfg: dict, wc=None) -> dict[str, dict[str, Any]]:
+    """The PW-OPSD schedules of the schedules table, by method: display name and (w_min, tau, s)."""
+    methods = cfg.get("methods", {})
+    names = cfg.get("tables", {}).get("schedules", {}).get("methods", [])
+    return {n: {"label": C.plain_label(methods[n].get("label", n)), "params": [methods[n]["params"][k] for k in ("w_min", "tau", "s")]}
+            for n in names}
+
+
+def report_settings(cfg: dict, wc=None) -> dict:
+    return {"diagnostic_model": C.diagnostic_model(cfg), "tiny": bool(C.built_models(cfg))}
+
+
+# -- branch-viability diagnostic ---------------------------------------------------------------
+
+
+def diagnostic(cfg: dict, wc, *keys: str) -> dict:
+    """The named parts of the diagnostic settings of the job's model."""
+    model = getattr(wc, "model", None) or C.diagnostic_model(cfg)
+    settings = C.diagnostic_settings(cfg, model)
+    return {k: settings[k] for k in keys}
+
+
+def diagnostic_datasets(cfg: dict, wc=None) -> list[str]:
+    return list(cfg["diagnostic"]["datasets"])
+
+
+def diagnostic_model_label(cfg: dict, wc=None) -> str:
+    model = C.diagnostic_model(cfg)
+    return cfg.get("tables", {}).get("model_labels", {}).get(model, model)
+
+
+# -- execution settings (not params) -----------------------------------------------------------
+
+
+def execution_settings(cfg: dict, model: str | None = None) -> dict:
+    """Settings that change how fast a job runs, not what it computes: read by scripts from
+    ``snakemake.config`` so that changing them reruns nothing. ``hub`` (cache folder, offline
+    mode) and, for a model, the generation backend's options (vLLM parallelism, HF batch size)."""
+    out = {"hub": cfg.get("hub", {})}
+    if model is not None:
+        out["backend_options"] = C.backend_options(cfg, model)
+    return out

@@ -1,0 +1,82 @@
+"""Rule params: the pure derivations of pwopsd.settings on the paper config, and the one idiom
+rules use to reach them."""
+
+import re
+from types import SimpleNamespace as W
+
+import pytest
+
+from conftest import REPO, run_snakemake
+from pwopsd import settings
+from pwopsd.config import load_config, runs_in_tables, training_runs
+
+
+@pytest.fixture(scope="module")
+def paper():
+    return load_config(REPO / "config" / "config.yaml")
+
+
+def test_model_and_evaluation_params(paper):
+    wc = W(model="dsr1_llama_8b", seed="main", benchmark="aime2024")
+    assert settings.hub_model(paper, wc) == {"hf_id": paper["models"]["dsr1_llama_8b"]["hf_id"],
+                                             "revision": paper["models"]["dsr1_llama_8b"]["revision"]}
+    assert settings.chat_template(paper, wc)["add_special_tokens"] is True
+    assert settings.gpus(paper, wc, "train") == 4 and settings.dtype(paper, wc) == "bfloat16"
+    assert settings.sampling_seed(paper, wc) is None and settings.sampling_seed(paper, W(seed="2")) == 2
+    assert settings.sampling(paper, wc)["n"] == 12 and settings.benchmarks(paper) == list(paper["benchmarks"])
+    assert settings.grading(paper) == {"timeout": 5, "maj_budget": 120, "string_fallback": "parse_failure",
+                                       "gold_wrapping": "dollar"}
+    assert settings.benchmark_entry(paper, wc)["expected_rows"] == 30
+
+
+def test_training_params_take_the_model_entrys_lora_targets(paper):
+    run = settings.training_run(paper, W(model="qwen3_4b", method="pwopsd_moderate"))
+    assert run["lora_targets"] == paper["training"]["lora"]["targets"] and run["loss"]["w_min"] == 0.25
+    paper = {**paper, "models": {**paper["models"], "qwen3_4b": {**paper["models"]["qwen3_4b"],
+                                                                  "train": {**paper["models"]["qwen3_4b"]["train"], "lora_targets": ["qkv"]}}}}
+    assert settings.training_run(paper, W(model="qwen3_4b", method="opsd"))["lora_targets"] == ["qkv"]
+    assert settings.checkpoint_root(paper, W(model="m", method="x")) == "results/training/m/x/checkpoints"
+
+
+def test_runs_are_configured_and_tables_select_among_them(paper):
+    runs = training_runs(paper)
+    assert len(runs) == 3 * len(paper["methods"]) and ("olmo3_7b_think", "reopold") in runs  # train_all: every method
+    shown = runs_in_tables(paper)
+    assert len(shown) == 13 and set(shown) <= set(runs)
+    assert settings.curve_runs(paper, W(model="dsr1_llama_8b")) == ["opsd", "pwopsd_moderate"]
+
+
+def test_figure_and_table_params(paper):
+    sched = settings.schedules(paper)
+    assert list(sched) == ["pwopsd_mild", "pwopsd_moderate", "pwopsd_sharp", "pwopsd_aggressive"]
+    assert sched["pwopsd_moderate"] == {"label": "PW-OPSD Moderate", "params": [0.25, 0.30, 0.10]}
+    spec = settings.table_spec(paper, W(table="main_4b"))
+    assert spec["kind"] == "main" and spec["n"] == 12
+    diag = settings.diagnostic(paper, W(model="qwen3_4b"), "mc_dropout", "layers", "figure")
+    assert diag["layers"] == "model.layers" and diag["figure"]["schedule_label"] == "PW-OPSD Moderate"
+    assert settings.report_settings(paper) == {"diagnostic_model": "qwen3_4b", "tiny": False}
+
+
+def test_execution_settings_are_not_params(paper):
+    ex = settings.execution_settings(paper, "qwen3_4b")
+    assert set(ex) == {"hub", "backend_options"} and "tensor_parallel_size" in ex["backend_options"]
+
+
+def test_rules_read_the_config_only_through_config_param():
+    """One idiom: no rule file indexes `config` or derives a param in a lambda; every params,
+    threads and resources value that depends on the config goes through `config_param`."""
+    for smk in (REPO / "workflow" / "rules").glob("*.smk"):
+        if smk.name == "common.smk":
+            continue
+        text = smk.read_text()
+        assert not re.search(r"\bconfig\[|config\.get\(|cfgmod\.|lambda", text), smk.name
+    rules = "".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk") if p.name != "common.smk")
+    for name in re.findall(r"config_param\(settings\.(\w+)", rules):
+        assert callable(getattr(settings, name)), name
+
+
+@pytest.mark.slow
+def test_train_all_plans_every_configured_run():
+    out = run_snakemake(["-n", "train_all", "--quiet", "rules"]).stdout
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out[out.index("Job stats"):], re.M))
+    assert counts["train"] == "27" and "generate" not in counts  # 3 models x 9 methods; nothing evaluated
