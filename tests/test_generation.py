@@ -121,3 +121,36 @@ def test_request_validation():
         GenerationRequest(())
     with pytest.raises(ValueError, match="unknown generation backend"):
         get_backend("tgi")
+
+
+def test_one_job_for_every_seed_writes_the_files_of_one_job_per_seed(tmp_path, random_tiny_model, tiny_tokenizer):
+    """evaluation.seeds_per_job: all (tiny mode) samples every seed in one process: the files equal
+    those of separate per-seed jobs (samples and metadata; only the recorded wall time differs)."""
+    import pandas as pd
+
+    from pwopsd.generation.sampling import run_generations
+    from pwopsd.io import read_parquet_metadata
+
+    random_tiny_model.save_pretrained(tmp_path / "model")
+    tiny_tokenizer.save_pretrained(tmp_path / "model")
+    bench = [("a", pd.DataFrame({"id": ["p0", "p1", "p2"], "problem": ["Compute 1 + 2.", "Compute 3 - 1.", "Compute 4 + 4."]})),
+             ("b", pd.DataFrame({"id": ["q0"], "problem": ["Compute 9 - 2."]}))]
+    settings = {"n": 3, "temperature": 1.0, "top_p": 0.95, "top_k": -1, "min_p": 0.0, "max_new_tokens": 10,
+                "max_model_len": 256, "enable_thinking": True}
+    common = dict(benchmarks=bench, manifest={"path": str(tmp_path / "model")}, settings=settings,
+                  chat_template={"add_special_tokens": False}, dtype="float32", backend_name="hf",
+                  backend_options={"hf_batch_size": 4}, metadata={"model": "m"})
+    seeds = {"main": None, "1": 1}
+
+    def outs(root, seed_name):
+        return [tmp_path / root / f"{b}-{seed_name}.parquet" for b, _ in bench]
+
+    run_generations(seeds={s: (v, outs("together", s)) for s, v in seeds.items()}, **common)
+    for s, v in seeds.items():
+        run_generations(seeds={s: (v, outs("apart", s))}, **common)
+    for s in seeds:
+        for together, apart in zip(outs("together", s), outs("apart", s)):
+            pd.testing.assert_frame_equal(pd.read_parquet(together), pd.read_parquet(apart))
+            meta = [{k: v for k, v in read_parquet_metadata(f).items() if k != "seconds"} for f in (together, apart)]
+            assert meta[0] == meta[1] and meta[0]["seed_name"] == s
+    assert not pd.read_parquet(outs("together", "main")[0]).equals(pd.read_parquet(outs("together", "1")[0]))

@@ -80,3 +80,9 @@ def test_train_all_plans_every_configured_run():
     out = run_snakemake(["-n", "train_all", "--quiet", "rules"]).stdout
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out[out.index("Job stats"):], re.M))
     assert counts["train"] == "27" and "generate" not in counts  # 3 models x 9 methods; nothing evaluated
+
+
+def test_generation_seeds_per_job(paper):
+    assert settings.generation_seeds(paper, W(seed="2")) == {"2": 2}
+    assert settings.generation_seeds(paper, W()) == {"main": None, "1": 1, "2": 2}  # seeds_per_job: all (no wildcard)
+    assert settings.seeds_per_job(paper) == "one"

@@ -54,11 +54,12 @@ def _backend(**options):
 def test_a_250_request_generation_job_builds_exactly_one_engine(standin, tmp_path, tiny_tokenizer):
     tiny_tokenizer.save_pretrained(tmp_path / "model")
     tables = {"a": 150, "b": 100}
-    benchmarks = [(name, pd.DataFrame({"id": [f"{name}{i}" for i in range(k)], "problem": [f"{i} + {i}" for i in range(k)]}),
-                   tmp_path / f"{name}.parquet") for name, k in tables.items()]
+    benchmarks = [(name, pd.DataFrame({"id": [f"{name}{i}" for i in range(k)], "problem": [f"{i} + {i}" for i in range(k)]}))
+                  for name, k in tables.items()]
     settings = {"n": 2, "temperature": 1.0, "top_p": 0.95, "top_k": -1, "max_new_tokens": 8, "max_model_len": 256,
                 "enable_thinking": True}
-    run_generations(benchmarks=benchmarks, manifest={"path": str(tmp_path / "model")}, settings=settings, seed=1,
+    run_generations(benchmarks=benchmarks, seeds={"1": (1, [tmp_path / f"{name}.parquet" for name in tables])},
+                    manifest={"path": str(tmp_path / "model")}, settings=settings,
                     chat_template={"add_special_tokens": False}, dtype="bfloat16", backend_name="vllm",
                     backend_options=OPTIONS, metadata={})
     engines, calls = standin()

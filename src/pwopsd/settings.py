@@ -68,6 +68,19 @@ def sampling_seed(cfg: dict, wc) -> int | None:
     return C.sampling_seed(cfg, wc.seed)
 
 
+def generation_seeds(cfg: dict, wc) -> dict[str, int | None]:
+    """Seed name -> per-request seed of a generate job: its ``{seed}`` wildcard, or every
+    evaluation seed when ``evaluation.seeds_per_job`` is ``all`` (the job has no seed wildcard)."""
+    names = [wc.seed] if hasattr(wc, "seed") else C.seed_names(cfg)
+    return {name: C.sampling_seed(cfg, name) for name in names}
+
+
+def seeds_per_job(cfg: dict) -> str:
+    """``one`` (a generate job per checkpoint and seed: the cluster layout) or ``all`` (one job per
+    checkpoint samples every seed: fewer process starts and model loads, for small models)."""
+    return cfg["evaluation"]["seeds_per_job"]
+
+
 def backend(cfg: dict, wc) -> str:
     return cfg["evaluation"]["backend"]
 

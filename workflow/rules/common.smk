@@ -16,6 +16,7 @@ from snakemake.exceptions import WorkflowError
 
 from pwopsd import config as cfgmod
 from pwopsd import settings
+from pwopsd.generation.sampling import generation_path
 
 try:
     # Snakemake's own YAML reading keeps the last of two equal keys: read the config files again
@@ -56,6 +57,11 @@ METHODS = list(config.get("methods", {}))
 TABLE_RUNS = cfgmod.table_runs(config)
 DIAGNOSTIC_MODEL = cfgmod.diagnostic_model(config)
 TABLE_OUTPUTS = cfgmod.table_outputs(config)
+# A generate job per seed (its {seed} wildcard) or one for every seed of a checkpoint.
+if settings.seeds_per_job(config) == "one":
+    GENERATION_SEEDS, GENERATION_SEED_NAME = ["{seed}"], "{seed}"
+else:
+    GENERATION_SEEDS, GENERATION_SEED_NAME = SEEDS, "all"
 
 
 def _alternatives(names):

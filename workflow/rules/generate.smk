@@ -5,7 +5,9 @@
 #
 # params hold exactly what determines the samples, so changing any of them re-runs the job;
 # execution knobs that do not change a sample (hf batch size, vLLM memory fraction, TP/DP layout)
-# are read from the config by the script and do not.
+# are read from the config by the script and do not. With evaluation.seeds_per_job: all (tiny
+# mode) one job samples every seed of a checkpoint (GENERATION_SEED is then no wildcard); the
+# files are the same.
 
 
 rule generate:
@@ -13,13 +15,11 @@ rule generate:
         benchmarks=expand("results/data/benchmarks/{benchmark}.parquet", benchmark=BENCHMARKS),
         model=model_manifest,
     output:
-        generations=expand(
-            "results/generations/{{model}}/{{checkpoint}}/{benchmark}/seed-{{seed}}.parquet",
-            benchmark=BENCHMARKS,
-        ),
+        generations=expand(generation_path("{{model}}", "{{checkpoint}}", "{benchmark}", "{seed}"),
+                           benchmark=BENCHMARKS, seed=GENERATION_SEEDS),
     params:
         sampling=config_param(settings.sampling),
-        seed=config_param(settings.sampling_seed),
+        seeds=config_param(settings.generation_seeds),
         chat_template=config_param(settings.chat_template),
         dtype=config_param(settings.dtype),
         backend=config_param(settings.backend),
@@ -28,9 +28,9 @@ rule generate:
     resources:
         gpu=config_param(settings.gpus, "generate"),
     log:
-        "logs/generate/{model}/{checkpoint}/seed-{seed}.log",
+        f"logs/generate/{{model}}/{{checkpoint}}/seed-{GENERATION_SEED_NAME}.log",
     benchmark:
-        "logs/benchmarks/generate/{model}/{checkpoint}/seed-{seed}.tsv"
+        f"logs/benchmarks/generate/{{model}}/{{checkpoint}}/seed-{GENERATION_SEED_NAME}.tsv"
     conda:
         "../../envs/vllm.yaml"
     script:

@@ -1,6 +1,7 @@
-"""Rule generate: sample a checkpoint with one evaluation seed on every benchmark."""
+"""Rule generate: sample a checkpoint on every benchmark with one evaluation seed (or, with
+`evaluation.seeds_per_job: all`, every seed)."""
 
-from pwopsd.generation.sampling import run_generations
+from pwopsd.generation.sampling import generation_path, run_generations
 from pwopsd.io import read_parquet
 from pwopsd.models import read_manifest
 from pwopsd.runtime import set_threads, setup_logging, versions
@@ -12,17 +13,20 @@ def main(snakemake):
     setup_logging(snakemake.log[0])
     set_threads(snakemake.threads)
     wc = snakemake.wildcards
+    names = list(snakemake.params.benchmarks)
+    seeds = {s: (seed, [generation_path(wc.model, wc.checkpoint, b, s) for b in names])
+             for s, seed in snakemake.params.seeds.items()}
+    assert sorted(p for _, outs in seeds.values() for p in outs) == sorted(snakemake.output.generations)
     run_generations(
-        benchmarks=[(name, read_parquet(table), out) for name, table, out in
-                    zip(snakemake.params.benchmarks, snakemake.input.benchmarks, snakemake.output.generations)],
+        benchmarks=[(name, read_parquet(table)) for name, table in zip(names, snakemake.input.benchmarks)],
+        seeds=seeds,
         manifest=read_manifest(snakemake.input.model),
         settings=snakemake.params.sampling,
-        seed=snakemake.params.seed,
         chat_template=snakemake.params.chat_template,
         dtype=snakemake.params.dtype,
         backend_name=snakemake.params.backend,
         backend_options=execution_settings(snakemake.config, wc.model)["backend_options"],
-        metadata={"model": wc.model, "checkpoint": wc.checkpoint, "seed_name": wc.seed, "versions": versions()},
+        metadata={"model": wc.model, "checkpoint": wc.checkpoint, "versions": versions()},
     )
 
 

@@ -188,31 +188,36 @@ def make_backend(name: str, manifest: dict, *, dtype: str, max_model_len: int, m
 
 def run_generations(
     *,
-    benchmarks: list[tuple[str, pd.DataFrame, str | Path]],
+    benchmarks: list[tuple[str, pd.DataFrame]],
+    seeds: dict[str, tuple[int | None, list[str | Path]]],
     manifest: dict,
     settings: dict,
-    seed: int | None,
     chat_template: dict,
     dtype: str,
     backend_name: str,
     backend_options: dict | None,
     metadata: dict[str, Any],
 ) -> None:
-    """Evaluation-prompt sampling of one checkpoint on several benchmarks (what rule ``generate``
-    runs): the model is loaded (or the engine started) once; ``benchmarks`` holds
-    ``(name, table, output path)``.
+    """Evaluation-prompt sampling of one checkpoint on several benchmarks with one or more
+    evaluation seeds (what rule ``generate`` runs): the model is loaded (or the engine started)
+    once. ``benchmarks`` holds ``(name, table)``; ``seeds`` maps a seed name to its per-request seed
+    and the output path of each benchmark. Samples depend only on prompt, seed and model (per-sample
+    generators), so one job per seed and one job for all seeds write the same files.
 
     ``settings`` are the evaluation sampling settings (``pwopsd.config.eval_sampling_settings``).
     """
     from pwopsd.models import load_tokenizer
 
-    sampling = SamplingConfig.from_evaluation(settings, seed)
+    first = SamplingConfig.from_evaluation(settings, None)
     tokenizer = load_tokenizer(manifest)
-    with make_backend(backend_name, manifest, dtype=dtype, max_model_len=sampling.max_model_len,
-                      min_p=sampling.min_p, options=backend_options, tokenizer=tokenizer) as backend:
-        for name, table, output in benchmarks:
-            _sample_one_benchmark(backend, tokenizer, name, table, output, manifest=manifest, settings=settings,
-                                  sampling=sampling, chat_template=chat_template, metadata=metadata)
+    with make_backend(backend_name, manifest, dtype=dtype, max_model_len=first.max_model_len,
+                      min_p=first.min_p, options=backend_options, tokenizer=tokenizer) as backend:
+        for seed_name, (seed, outputs) in seeds.items():
+            sampling = SamplingConfig.from_evaluation(settings, seed)
+            for (name, table), output in zip(benchmarks, outputs, strict=True):
+                _sample_one_benchmark(backend, tokenizer, name, table, output, manifest=manifest, settings=settings,
+                                      sampling=sampling, chat_template=chat_template,
+                                      metadata={**metadata, "seed_name": seed_name})
 
 
 def _sample_one_benchmark(backend, tokenizer, name, table, output, *, manifest, settings, sampling, chat_template,
@@ -235,3 +240,9 @@ def _sample_one_benchmark(backend, tokenizer, name, table, output, *, manifest, 
     }
     log.info("sampling %s (%d problems)", name, len(table))
     sample_benchmark(backend, list(table["id"]), ids, sampling, output=output, metadata=meta)
+
+
+def generation_path(model: str, checkpoint: str, benchmark: str, seed: str) -> str:
+    """Where rule ``generate`` writes one benchmark's samples of one checkpoint and seed (wildcard
+    names in braces give the rule's output pattern)."""
+    return f"results/generations/{model}/{checkpoint}/{benchmark}/seed-{seed}.parquet"
