@@ -140,6 +140,7 @@ def test_every_training_and_method_key_reaches_the_trainer(paper):
     from pwopsd.training.loop import TrainConfig
 
     used_elsewhere = {"eval_step": "rule train/merge_adapter params (the evaluated adapter)",
+                      "threads": "the train rule's threads (settings.training_threads)",
                       "effective_batch": "checked against models.*.train x gpus.train",
                       "models": "which models are trained (trained_models)"}
     schema = load_schema()

@@ -104,6 +104,14 @@ def training_run(cfg: dict, wc) -> dict:
     return C.training_config(cfg, wc.model, wc.method)
 
 
+def training_threads(cfg: dict, wc=None) -> int:
+    return int(cfg.get("training", {}).get("threads", 2))
+
+
+def tiny_threads(cfg: dict, wc=None) -> int:
+    return int(cfg.get("tiny", {}).get("threads", 2))
+
+
 def eval_step(cfg: dict, wc=None) -> int | None:
     return cfg.get("training", {}).get("eval_step")
 

@@ -28,7 +28,7 @@ rule build_tiny_model:
         model=_alternatives(BUILT_MODELS),
     params:
         tiny=config_param(settings.tiny_model),
-    threads: 2
+    threads: config_param(settings.tiny_threads)
     log:
         "logs/models/build_tiny_model/{model}.log",
     benchmark:

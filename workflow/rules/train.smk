@@ -20,7 +20,7 @@ rule train:
         chat_template=config_param(settings.chat_template),
         work_root=config_param(settings.checkpoint_root),
         grading=config_param(settings.grading),
-    threads: 2
+    threads: config_param(settings.training_threads)
     resources:
         gpu=config_param(settings.gpus, "train"),
     log:
