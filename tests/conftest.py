@@ -94,53 +94,13 @@ def run_snakemake(args, cwd=REPO, env=None, check=True):
     return proc
 
 
-# The tiny end-to-end run takes minutes; it starts in the background as soon as collection shows a
-# test that needs it, and the tests that do not need it run meanwhile (the run's model-building
-# phase leaves part of the two cores idle). The `tiny_run` fixture waits for it.
-_TINY_RUN: dict = {}
-
-
-def _start_tiny_run(config):
-    import shutil
-    import subprocess
-    import tempfile
-
-    factory = getattr(config, "_tmp_path_factory", None)  # pytest's own tmp folders (kept for inspection)
-    workdir = factory.mktemp("tiny") if factory is not None else Path(tempfile.mkdtemp(prefix="pwopsd-tiny-"))
-    shutil.copytree(REPO / "tiny" / "config", workdir / "config")
-    out = open(workdir / "snakemake.out", "w")
-    proc = subprocess.Popen(SNAKEMAKE + ["--cores", "2", "--directory", str(workdir)], cwd=REPO, stdout=out,
-                            stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True)
-    _TINY_RUN.update(workdir=workdir, proc=proc, out=out)
-
-
-@pytest.hookimpl(trylast=True)  # after -m / -k deselection
-def pytest_collection_modifyitems(config, items):
-    needs = [item for item in items if "tiny_run" in getattr(item, "fixturenames", ())]
-    if needs:
-        _start_tiny_run(config)
-        items[:] = [item for item in items if item not in needs] + needs  # the others run meanwhile
-
-
-def pytest_sessionfinish(session, exitstatus):
-    """Never leave a background tiny run behind (a session stopped early by -x or Ctrl-C)."""
-    import signal
-
-    proc = _TINY_RUN.get("proc")
-    if proc is not None and proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
-
-
 @pytest.fixture(scope="session")
-def tiny_run(request):
-    """The tiny configuration run end to end in a fresh working directory (shared by the workflow
-    and the Slurm tests): ``(workdir, Snakemake's output)``."""
-    if "proc" not in _TINY_RUN:
-        _start_tiny_run(request.config)
-    rc = _TINY_RUN["proc"].wait()
-    _TINY_RUN["out"].close()
-    workdir = _TINY_RUN["workdir"]
-    output = (workdir / "snakemake.out").read_text()
-    assert rc == 0, f"the tiny run failed (exit code {rc}):\n{output[-6000:]}"
-    return workdir, output
+def tiny_run(tmp_path_factory):
+    """Run the tiny configuration end to end in a fresh working directory (shared by the
+    workflow and the Slurm tests)."""
+    import shutil
+
+    workdir = tmp_path_factory.mktemp("tiny")
+    shutil.copytree(REPO / "tiny" / "config", workdir / "config")
+    proc = run_snakemake(["--cores", "2", "--directory", str(workdir)])
+    return workdir, proc
