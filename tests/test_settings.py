@@ -36,6 +36,9 @@ def test_training_params_take_the_model_entrys_lora_targets(paper):
                                                                   "train": {**paper["models"]["qwen3_4b"]["train"], "lora_targets": ["qkv"]}}}}
     assert settings.training_run(paper, W(model="qwen3_4b", method="opsd"))["lora_targets"] == ["qkv"]
     assert settings.checkpoint_root(paper, W(model="m", method="x")) == "results/training/m/x/checkpoints"
+    assert settings.training_threads(paper) == 2 and settings.tiny_threads(paper) == 2
+    tiny = load_config(REPO / "tiny" / "config" / "config.yaml")
+    assert settings.training_threads(tiny) == 1 and settings.tiny_threads(tiny) == 2
 
 
 def test_runs_are_configured_and_tables_select_among_them(paper):

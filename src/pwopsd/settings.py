@@ -105,11 +105,13 @@ def training_run(cfg: dict, wc) -> dict:
 
 
 def training_threads(cfg: dict, wc=None) -> int:
-    return int(cfg.get("training", {}).get("threads", 2))
+    return int(cfg["training"]["threads"])
 
 
 def tiny_threads(cfg: dict, wc=None) -> int:
-    return int(cfg.get("tiny", {}).get("threads", 2))
+    from pwopsd.tiny.model import TinyBuildConfig  # the tiny recipe's settings and defaults
+
+    return int(cfg.get("tiny", {}).get("threads", TinyBuildConfig.threads))
 
 
 def eval_step(cfg: dict, wc=None) -> int | None:
