@@ -22,7 +22,7 @@ def test_model_and_evaluation_params(paper):
                                              "revision": paper["models"]["dsr1_llama_8b"]["revision"]}
     assert settings.chat_template(paper, wc)["add_special_tokens"] is True
     assert settings.gpus(paper, wc, "train") == 4 and settings.dtype(paper, wc) == "bfloat16"
-    assert settings.sampling_seed(paper, wc) is None and settings.sampling_seed(paper, W(seed="2")) == 2
+    assert settings.generation_seeds(paper, wc) == {"main": None} and settings.generation_seeds(paper, W(seed="2")) == {"2": 2}
     assert settings.sampling(paper, wc)["n"] == 12 and settings.benchmarks(paper) == list(paper["benchmarks"])
     assert settings.grading(paper) == {"timeout": 5, "maj_budget": 120, "string_fallback": "parse_failure",
                                        "gold_wrapping": "dollar"}

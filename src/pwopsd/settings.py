@@ -64,10 +64,6 @@ def sampling(cfg: dict, wc) -> dict:
     return C.eval_sampling_settings(cfg)
 
 
-def sampling_seed(cfg: dict, wc) -> int | None:
-    return C.sampling_seed(cfg, wc.seed)
-
-
 def generation_seeds(cfg: dict, wc) -> dict[str, int | None]:
     """Seed name -> per-request seed of a generate job: its ``{seed}`` wildcard, or every
     evaluation seed when ``evaluation.seeds_per_job`` is ``all`` (the job has no seed wildcard)."""

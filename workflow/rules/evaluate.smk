@@ -4,10 +4,8 @@
 
 rule grade:
     input:
-        generations=expand(
-            "results/generations/{{model}}/{{checkpoint}}/{benchmark}/seed-{{seed}}.parquet",
-            benchmark=BENCHMARKS,
-        ),
+        generations=expand(generation_path("{{model}}", "{{checkpoint}}", "{benchmark}", "{{seed}}"),
+                           benchmark=BENCHMARKS),
         benchmarks=expand("results/data/benchmarks/{benchmark}.parquet", benchmark=BENCHMARKS),
     output:
         graded=expand(
