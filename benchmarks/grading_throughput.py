@@ -151,7 +151,7 @@ def main():
 
     import math_verify  # noqa: F401  (import cost outside both timings)
 
-    opts = GradingOptions(string_fallback="exception", gold_wrapping="dollar")  # the reference's semantics
+    opts = GradingOptions(string_fallback="exception", gold_wrapping="dollar", empty_box="placeholder")  # the reference grader
     n = len(work)
     patho = {k for k, t in enumerate(work["text"]) if any(p in t for p in PATHOLOGICAL)}
     normal = [k for k in range(n) if k not in patho]

@@ -176,7 +176,7 @@ def test_labels_from_graded_continuations(settings):
     assert list(labels["n_continuations"]) == [18, 18, 18]
 
 
-def summary_for(labels, correct=(True,) * 4, kappa=None):
+def summary_for(labels, correct=(True,) * 4, kappa=None, orientation="raw"):
     n = len(labels)
     problems = [f"p{i // 2}" for i in range(n)]
     spines = pd.DataFrame({"dataset": "a", "problem_id": sorted(set(problems)), "decoding": "greedy"})
@@ -189,8 +189,8 @@ def summary_for(labels, correct=(True,) * 4, kappa=None):
     lab = cands[["dataset", "problem_id", "candidate"]].assign(viabilities=[[0.0]] * n, mean_viability=0.0, n_continuations=6,
                                                                label=labels)
     scored = bv.scored_candidates(spines, cands, mc, lab)
-    settings = {"scores": {"correct_spines_only": True, "n_boot": 200, "seed": 0, "level": 0.95},
-                "labels": {"v_high": 0.75, "v_low": 0.4}}
+    settings = {"scores": {"correct_spines_only": True, "n_boot": 200, "seed": 0, "level": 0.95, "orientation": orientation},
+                "labels": {"v_high": 0.75, "v_low": 0.4}, "teacher_pass": {"top_m": 16}}
     return scored, bv.branch_auroc_summary(scored, spines, settings)
 
 
@@ -207,7 +207,13 @@ def test_summary_matches_the_statistics_functions():
         s = binary[row["score"]].to_numpy()
         assert row["auroc"] == pytest.approx(stats.residualized_auroc(s, y, groups))
         lo, hi = stats.cluster_bootstrap_ci(s, y, ("a/" + groups).to_numpy(), n_boot=200, seed=0)
-        assert (row["ci_low"], row["ci_high"]) == pytest.approx((lo, hi))
+        assert (row["ci_low"], row["ci_high"]) == pytest.approx((lo, hi)) == (row["ci_low_raw"], row["ci_high_raw"])
+        flo, fhi = stats.cluster_bootstrap_ci(s, y, ("a/" + groups).to_numpy(), n_boot=200, seed=0, orientation="folded")
+        assert (row["ci_low_folded"], row["ci_high_folded"]) == pytest.approx((flo, fhi))
+        assert row["auroc_folded"] == pytest.approx(max(row["auroc"], 1 - row["auroc"]))
+    folded = summary_for([R, D, D, R, R, D, G, D], orientation="folded")[1]
+    assert folded["orientation"] == "folded" and [r["auroc"] for r in folded["scores"]] == [r["auroc_folded"] for r in summary["scores"]]
+    assert "h_trunc" in summary["scores"][3]["score"] and "top-$16$" in summary["scores"][3]["label"]
     # log kappa: log max(kappa, 1e-6), so negative raw kappas share the floor.
     assert scored["log_kappa"].iloc[0] == pytest.approx(np.log(1e-6)) and scored["log_kappa"].iloc[4] == pytest.approx(np.log(2))
     np.testing.assert_allclose(scored["early_position"], 1 - scored["r_tilde"])

@@ -39,7 +39,7 @@ def test_paper_protocol_values():
 def _mutate(cfg, path, value, delete=False):
     node = cfg
     for p in path[:-1]:
-        node = node[p]
+        node = node.setdefault(p, {})
     if delete:
         del node[path[-1]]
     else:
@@ -69,7 +69,12 @@ MISTAKES = [
     ("diagnostic count above benchmark", ["diagnostic", "datasets", "aime2024"], 31, False, "diagnostic.datasets.aime2024", "the benchmark has 30"),
     ("reopold lam of 1", ["methods", "reopold", "params", "lam"], 1, False, "methods.reopold.params.lam", "maximum"),
     ("reopold t_switch", ["methods", "reopold", "params", "t_switch"], -1, False, "methods.reopold.params.t_switch", "minimum"),
-    ("diagnostic model", ["diagnostic", "model"], "llama", False, "diagnostic.model", "not a configured model"),
+    ("diagnostic model", ["diagnostic", "models"], ["qwen3_4b", "llama"], False, "diagnostic.models.1", "not a configured model"),
+    ("old diagnostic.model key", ["diagnostic", "model"], "qwen3_4b", False, "diagnostic.model", "unknown key"),
+    ("fitted and hand-picked schedule", ["methods", "pwopsd_fitted", "params"], {"tau": 0.3}, False, "methods.pwopsd_fitted.params.tau", "remove one of them"),
+    ("fitted schedule on a non-pwopsd loss", ["methods", "opsd", "schedule_from"], "diagnostic", False, "methods.opsd.schedule_from", "only a pwopsd method"),
+    ("fitted method without that model's diagnostic", ["tables", "cross_model", "methods"], ["opsd", "pwopsd_fitted"], False, "tables.cross_model", "not in diagnostic.models"),
+    ("fit bootstrap", ["diagnostic", "fit_schedule", "min_candidates"], 2, False, "diagnostic.fit_schedule.min_candidates", "minimum"),
     ("diagnostic labels", ["diagnostic", "labels", "v_low"], 0.9, False, "diagnostic.labels.v_low", "must not exceed"),
     ("diagnostic unknown key", ["diagnostic", "candidates", "spaceing"], 64, False, "diagnostic.candidates.spaceing", "unknown key"),
     ("diagnostic schedule", ["diagnostic", "figure", "schedule"], "pwopsd_gentle", False, "diagnostic.figure.schedule", "not a configured method"),
@@ -87,6 +92,14 @@ MISTAKES = [
     ("branch as dataset revision", ["benchmarks", "math500", "source", "revision"], "main", False, "benchmarks.math500.source.revision", "does not match"),
     ("duplicate table output", ["tables", "schedules", "output"], "main_4b", False, "tables.schedules.output", "already the output of tables.main"),
     ("max runtime", ["cluster", "max_runtime_min"], 0, False, "cluster.max_runtime_min", "minimum"),
+    ("h_trunc reading", ["diagnostic", "teacher_pass", "h_trunc"], "top16", False, "diagnostic.teacher_pass.h_trunc", "is not one of"),
+    ("top_m_valid with top_k = top_m", ["diagnostic", "teacher_pass", "h_trunc"], "top_m_valid", False, "diagnostic.teacher_pass.h_trunc", "top_k > top_m"),
+    ("top_m above top_k", ["diagnostic", "teacher_pass", "top_m"], 32, False, "diagnostic.teacher_pass.top_m", "stored tokens"),
+    ("orientation", ["diagnostic", "scores", "orientation"], "oriented", False, "diagnostic.scores.orientation", "is not one of"),
+    ("verdicts grader", ["grading", "verdicts"], "official", False, "grading.verdicts", "not one of grading.graders"),
+    ("grader option", ["grading", "graders", "corrected", "empty_box"], "none", False, "grading.graders.corrected.empty_box", "is not one of"),
+    ("grader name", ["grading", "graders", "Corrected v2"], {"string_fallback": "exception", "gold_wrapping": "dollar", "empty_box": "empty"}, False, "grading.graders", "not a valid name"),
+    ("old grading key", ["grading", "string_fallback"], "exception", False, "grading.string_fallback", "unknown key"),
 ]
 
 
@@ -155,7 +168,9 @@ def test_every_training_and_method_key_reaches_the_trainer(paper):
             assert name in run, f"training.{key} does not reach the trainer"
     method = schema["properties"]["methods"]["additionalProperties"]["properties"]
     into = {"loss": "method", "params": "loss"}
-    assert set(method) - {"label"} == set(into)  # label: display name in tables
+    # label: display name in tables; schedule_from: the train rule's fitted-schedule input fills the loss params
+    assert set(method) - {"label", "schedule_from"} == set(into)
+    assert training_config(cfg, "qwen3_4b", "pwopsd_fitted")["loss"] == {"reduction": "per_sequence"}  # no hand-picked w_min/tau/s
     assert all(into[k] in run for k in into)
     assert {f.name for f in fields(TrainConfig)} == set(run)  # every trainer setting comes from the config
     assert all(f.default is MISSING and f.default_factory is MISSING for f in fields(TrainConfig))  # no second default

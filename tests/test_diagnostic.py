@@ -27,6 +27,24 @@ def test_truncated_entropy_renormalizes_valid_top_m():
 
 
 @pytest.mark.vllm_stack
+def test_truncated_entropy_readings_differ_only_where_junk_ranks_in_the_top_m():
+    """valid_in_top_m: the valid tokens among the top M; top_m_valid: the M most probable valid
+    tokens (reaching past a junk token into the stored tail)."""
+    probs, valid = [0.4, 0.3, 0.2, 0.1], [True, False, True, True]
+    assert truncated_entropy(probs, valid, 3, "valid_in_top_m") == pytest.approx(_entropy([0.4, 0.2]))
+    assert truncated_entropy(probs, valid, 3, "top_m_valid") == pytest.approx(_entropy([0.4, 0.2, 0.1]))
+    all_valid = [True] * 4
+    assert truncated_entropy(probs, all_valid, 3, "valid_in_top_m") == truncated_entropy(probs, all_valid, 3, "top_m_valid")
+    with pytest.raises(ValueError, match="diagnostic.teacher_pass.h_trunc"):
+        truncated_entropy(probs, valid, 3, "both")
+
+
+def _entropy(p):
+    q = np.asarray(p) / np.sum(p)
+    return float(-(q * np.log(q)).sum())
+
+
+@pytest.mark.vllm_stack
 def test_plausibility_filter_boundaries():
     ids, probs = dist(300, {
         10: ([10, 11, 12, 13], [0.20, 0.02, 0.01, 0.01]),   # p2 = 0.02 and p2/p1 = 0.10: kept (both >=)

@@ -13,7 +13,8 @@ from pwopsd.evaluation.grading import STATUS_TIMEOUT, GraderPool, GradingOptions
 
 pytestmark = pytest.mark.vllm_stack  # also run under the vLLM stack (tests/test_vllm_stack.py)
 
-REFERENCE = GradingOptions(string_fallback="exception", gold_wrapping="dollar")
+REFERENCE = GradingOptions(string_fallback="exception", gold_wrapping="dollar", empty_box="placeholder")
+CORRECTED = GradingOptions(string_fallback="parse_failure", gold_wrapping="boxed", empty_box="empty")
 POWER_TOWER = "\\dfrac{5^{\\left(5^{\\left(5^{\\left(5^5\\right)}\\right)} - 4\\right)} - 5}{16}"
 
 
@@ -123,6 +124,57 @@ def test_string_fallback_modes():
         GradingOptions(string_fallback="always")
 
 
+def test_config_graders_are_the_reference_and_corrected_options():
+    """The schema's two graders are exactly the options these tests pin, and paper mode's results
+    come from the reference grader."""
+    from pwopsd.config import load_config
+    from pwopsd.evaluation.grading import pool_settings
+
+    gs = pool_settings(load_config(REPO / "config" / "config.yaml")["grading"])
+    assert gs.verdicts == "reference" and gs.options == REFERENCE and gs.graders == {"reference": REFERENCE, "corrected": CORRECTED}
+
+
+def test_empty_boxes_as_the_reference_stores_them():
+    """The reference stores an empty box as "[No boxed answer found]": math-verify parses it (a
+    product of symbols), so it matches itself (one Maj@N cluster) and no gold; graded as an empty
+    string it matches nothing under the exception-only fallback, itself under the parse-failure one."""
+    from pwopsd.evaluation.grading import NO_BOXED_PLACEHOLDER
+
+    assert grade_pair("", "", REFERENCE, gold_is_reference=False)
+    assert grade_pair(NO_BOXED_PLACEHOLDER, "", REFERENCE, gold_is_reference=False)
+    assert not grade_pair("5", "", REFERENCE) and not grade_pair("0", "", REFERENCE)
+    no_placeholder = GradingOptions(string_fallback="exception", gold_wrapping="dollar", empty_box="empty")
+    assert not grade_pair("", "", no_placeholder, gold_is_reference=False)
+    assert grade_pair("", "", CORRECTED, gold_is_reference=False) and not grade_pair("5", "", CORRECTED)
+    with pytest.raises(ValueError, match="grading.empty_box"):
+        GradingOptions(empty_box="none")
+
+
+def test_every_grader_is_carried_beside_the_verdicts():
+    """One problem whose answers show all three differences: the reference grader clusters the
+    empty boxes into the winning cluster (Maj 0) and cannot score the dollar gold; the corrected
+    grader scores it; the metrics JSON carries both, the per-seed table names the second."""
+    from pwopsd.evaluation.pipeline import grade_run, seed_table
+
+    texts = ["\\boxed{}", "\\boxed{}", "\\boxed{}", "\\boxed{18.90}", "\\boxed{\\$18.90}", "no box"]
+    gens = pd.DataFrame({"problem_id": "p", "sample_index": range(len(texts)), "text": texts})
+    bench = pd.DataFrame({"id": ["p"], "answer": ["\\$18.90"]})
+    graders = {"reference": REFERENCE, "corrected": CORRECTED}
+    with GraderPool(workers=2, options=REFERENCE) as pool:
+        graded, summary = grade_run(gens, bench, pool=pool, meta={"model": "m", "checkpoint": "c", "benchmark": "b",
+                                                                   "seed_name": "main"}, graders=graders, verdicts="reference")
+    assert graded["correct"].tolist() == [False] * 6
+    assert graded["correct_corrected"].tolist() == [False, False, False, True, True, False]
+    by = summary["metrics_pct_by_grader"]
+    assert summary["metrics_pct"] == by["reference"] and summary["verdicts"] == "reference"
+    assert by["reference"]["avg"] == 0 and by["corrected"]["avg"] == pytest.approx(100 * 2 / 6)
+    assert by["reference"]["maj"] == 0 and by["corrected"]["pass"] == 100
+    # corrected: the empty boxes are still one cluster (3 votes) and beat {18.90, \$18.90} (2 votes)
+    assert by["corrected"]["maj"] == 0 and graded["maj_cluster"].tolist()[:3] == [0, 0, 0]
+    table = seed_table([summary]).set_index("metric")["value"]
+    assert table["avg"] == 0 and table["avg/corrected"] == pytest.approx(100 * 2 / 6) and "avg/reference" not in table
+
+
 def test_grade_answers_none_scores_false_and_order_is_kept():
     preds = [None, "2", "\\frac{4}{2}", "3", None]
     golds = ["2", "2", "2", "2", "2"]
@@ -190,7 +242,7 @@ def test_maj_clustering_budget_keeps_one_problem_from_stalling_the_job():
     bench = pd.DataFrame({"id": ["p1", "p2"], "answer": ["1", "4"]})
     with GraderPool(workers=2, timeout=2.0) as pool:
         t0 = time.monotonic()
-        graded, problems = grade_generations(gens, bench, pool, maj_budget=1.0)
+        graded, problems, _ = grade_generations(gens, bench, pool, maj_budget=1.0)
         elapsed = time.monotonic() - t0
         assert pool.stats["over_budget"] > 0
     p1, p2 = (problems.set_index("problem_id").loc[p] for p in ("p1", "p2"))

@@ -64,3 +64,24 @@ def test_tiny_mode_shows_the_reproduced_side_only():
     md = render_markdown(cmp, rep, title_note="**Tiny mode**")
     assert "Reproduced numbers only" in md and "| tiny_qwen3 | opsd | arith_l1 | avg | 40.00 ± 1.00 |" in md
     assert "## Table" not in md
+
+
+def test_other_graders_and_the_other_orientation_are_shown_beside():
+    """The comparison uses the verdicts grader's numbers and Table 1's configured orientation; the
+    corrected grader's value and the raw AUROC appear beside them in the report."""
+    ref = load_reference(REFERENCE)
+    rep = reproduced_values(summary([
+        ("qwen3_4b", "opsd", "math500", "avg", 95.30, 0.1),
+        ("qwen3_4b", "opsd", "math500", "avg/corrected", 95.71, 0.12),
+    ]), {"status": "ok", "orientation": "folded",
+         "scores": [{"score": "mi", "auroc": 0.56, "ci_low": 0.50, "ci_high": 0.70, "auroc_raw": 0.44, "ci_low_raw": 0.30,
+                     "ci_high_raw": 0.55, "auroc_folded": 0.56, "ci_low_folded": 0.50, "ci_high_folded": 0.70}]},
+        diagnostic_model="qwen3_4b")
+    cmp = compare(ref, rep)
+    row = cmp[(cmp.paper_table == "Table 2") & (cmp.method == "opsd") & (cmp.benchmark == "math500") & (cmp.metric == "avg")]
+    assert row["reproduced"].iloc[0] == 95.30  # the verdicts grader's value is the one compared
+    md = render_markdown(cmp, rep, title_note="x")
+    line = next(ln for ln in md.splitlines() if ln.startswith("| qwen3_4b | opsd | math500 | avg | 95.33"))
+    assert line.endswith("| corrected: 95.71 ± 0.12 |")
+    line = next(ln for ln in md.splitlines() if ln.startswith("| qwen3_4b | mi | branch_viability | residual_auroc | 0.51"))
+    assert "0.56 [0.50, 0.70]" in line and line.endswith("| raw: 0.44 [0.30, 0.55] |")

@@ -24,8 +24,10 @@ def test_model_and_evaluation_params(paper):
     assert settings.gpus(paper, wc, "train") == 4 and settings.dtype(paper, wc) == "bfloat16"
     assert settings.generation_seeds(paper, wc) == {"main": None} and settings.generation_seeds(paper, W(seed="2")) == {"2": 2}
     assert settings.sampling(paper, wc)["n"] == 12 and settings.benchmarks(paper) == list(paper["benchmarks"])
-    assert settings.grading(paper) == {"timeout": 5, "maj_budget": 120, "string_fallback": "parse_failure",
-                                       "gold_wrapping": "dollar"}
+    assert settings.grading(paper) == {
+        "timeout": 5, "maj_budget": 120, "verdicts": "reference",
+        "graders": {"reference": {"string_fallback": "exception", "gold_wrapping": "dollar", "empty_box": "placeholder"},
+                    "corrected": {"string_fallback": "parse_failure", "gold_wrapping": "boxed", "empty_box": "empty"}}}
     assert settings.benchmark_entry(paper, wc)["expected_rows"] == 30
 
 
@@ -43,21 +45,25 @@ def test_training_params_take_the_model_entrys_lora_targets(paper):
 
 def test_runs_are_configured_and_tables_select_among_them(paper):
     runs = training_runs(paper)
-    assert len(runs) == 3 * len(paper["methods"]) and ("olmo3_7b_think", "reopold") in runs  # train_all: every method
+    # train_all: every method on every trained model; the fitted schedule only where a diagnostic runs
+    assert len(runs) == 3 * len(paper["methods"]) - 2 and ("olmo3_7b_think", "reopold") in runs
+    assert ("qwen3_4b", "pwopsd_fitted") in runs and ("olmo3_7b_think", "pwopsd_fitted") not in runs
     shown = runs_in_tables(paper)
-    assert len(shown) == 13 and set(shown) <= set(runs)
+    assert len(shown) == 14 and set(shown) <= set(runs)
     assert settings.curve_runs(paper, W(model="dsr1_llama_8b")) == ["opsd", "pwopsd_moderate"]
 
 
 def test_figure_and_table_params(paper):
     sched = settings.schedules(paper)
-    assert list(sched) == ["pwopsd_mild", "pwopsd_moderate", "pwopsd_sharp", "pwopsd_aggressive"]
+    assert list(sched) == ["pwopsd_mild", "pwopsd_moderate", "pwopsd_sharp", "pwopsd_aggressive", "pwopsd_fitted"]
     assert sched["pwopsd_moderate"] == {"label": "PW-OPSD Moderate", "params": [0.25, 0.30, 0.10]}
+    assert sched["pwopsd_fitted"]["params"] is None  # read from the fit's file by the figure rule
     spec = settings.table_spec(paper, W(table="main_4b"))
     assert spec["kind"] == "main" and spec["n"] == 12
     diag = settings.diagnostic(paper, W(model="qwen3_4b"), "mc_dropout", "layers", "figure")
     assert diag["layers"] == "model.layers" and diag["figure"]["schedule_label"] == "PW-OPSD Moderate"
-    assert settings.report_settings(paper) == {"diagnostic_model": "qwen3_4b", "tiny": False}
+    assert settings.report_settings(paper) == {"diagnostic_model": "qwen3_4b", "tiny": False, "verdicts": "reference",
+                                               "graders": ["corrected", "reference"]}
 
 
 def test_execution_settings_are_not_params(paper):
@@ -82,7 +88,19 @@ def test_rules_read_the_config_only_through_config_param():
 def test_train_all_plans_every_configured_run():
     out = run_snakemake(["-n", "train_all", "--quiet", "rules"]).stdout
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out[out.index("Job stats"):], re.M))
-    assert counts["train"] == "27" and "generate" not in counts  # 3 models x 9 methods; nothing evaluated
+    # 3 models x 9 methods + the fitted schedule on the diagnosed Qwen3-4B (after its diagnostic and
+    # fit_schedule); nothing evaluated
+    assert counts["train"] == "28" and counts["fit_schedule"] == "1" and "generate" not in counts
+
+
+@pytest.mark.slow
+def test_the_paper_dry_run_has_the_diagnostic_to_fitted_schedule_chain():
+    """results/tables/schedules_4b.tex in the paper configuration: Qwen3-4B's diagnostic phases ->
+    fit_schedule -> train of pwopsd_fitted (and of the four hand-picked schedules) -> evaluation."""
+    out = run_snakemake(["-n", "results/tables/schedules_4b.tex", "--quiet", "rules"]).stdout
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out[out.index("Job stats"):], re.M))
+    assert counts["train"] == "5" and counts["fit_schedule"] == "1" and counts["branch_scores"] == "1"
+    assert counts["spines"] == "1" and counts["forced_continuation"] == "1" and counts["merge_adapter"] == "5"
 
 
 def test_generation_seeds_per_job(paper):

@@ -82,6 +82,26 @@ def test_bootstrap_interval_covers_a_known_effect():
     assert cluster_bootstrap_ci(s, y, g, n_boot=400, seed=0) == (lo, hi)  # seeded
 
 
+def test_folded_orientation_reproduces_the_papers_lower_bounds_of_one_half():
+    """A score with no effect: its raw interval straddles 0.5 and reaches below it; folding every
+    draw (max(A, 1 - A)), the convention the paper's Table 1 implies, puts the lower bound at
+    (about) 0.50 and moves the whole interval up: folding is biased upward."""
+    from pwopsd.diagnostic.statistics import cluster_bootstrap_draws, fold, percentile_interval
+
+    s, y, g = _synthetic(n_problems=40, effect=0.0, seed=3)
+    raw = cluster_bootstrap_ci(s, y, g, n_boot=400, seed=0)
+    folded = cluster_bootstrap_ci(s, y, g, n_boot=400, seed=0, orientation="folded")
+    draws = cluster_bootstrap_draws(s, y, g, n_boot=400, seed=0)
+    assert raw == percentile_interval(draws) and raw[0] < 0.5 < raw[1]
+    # independent computation: fold each draw by hand, then the 2.5/97.5 percentiles
+    by_hand = [d if d >= 0.5 else 1 - d for d in draws]
+    assert folded == pytest.approx(tuple(np.quantile(by_hand, [0.025, 0.975])))
+    assert 0.5 <= folded[0] < 0.52 and folded[1] >= raw[1]
+    assert fold(0.3) == pytest.approx(0.7) and fold(0.8) == 0.8 and math.isnan(fold(float("nan")))
+    with pytest.raises(ValueError, match="orientation"):
+        cluster_bootstrap_ci(s, y, g, n_boot=10, orientation="oriented")
+
+
 def test_bootstrap_resamples_whole_problems():
     # One problem only: every resample draws that same problem, so the interval collapses to the
     # point estimate (a candidate-level bootstrap would vary).

@@ -27,14 +27,15 @@ def job_counts(output: str) -> dict[str, int]:
 def test_paper_dry_run_lists_data_and_generation_jobs():
     proc = run_snakemake(["-n", "--quiet", "rules"])
     counts = job_counts(proc.stdout + proc.stderr)
-    runs = 9 + 2 + 2  # Qwen3-4B: 5 methods + 3 more schedules + 2 ablation cells; DSR1 and Olmo: OPSD, PW-OPSD
+    # Qwen3-4B: 5 methods + 3 more schedules + the fitted schedule + 2 ablation cells; DSR1 and Olmo: OPSD, PW-OPSD
+    runs = 10 + 2 + 2
     seeds = 3
     assert counts["prepare_benchmark"] == 4 and counts["fetch_model"] == 3 and counts["prepare_train_corpus"] == 1
     # one generation and one grading job per (model, checkpoint, seed), each covering the 4 benchmarks
     assert counts["generate"] == (3 + runs) * seeds and counts["grade"] == (3 + runs) * seeds
     assert counts["train"] == runs and counts["merge_adapter"] == runs
     assert counts["table"] == 4 and counts["schedules_figure"] == 1 and counts["aggregate_metrics"] == 1
-    assert all(counts[phase] == 1 for phase in DIAGNOSTIC_PHASES + ["branch_auroc_table", "branch_auroc_figure"])
+    assert all(counts[phase] == 1 for phase in DIAGNOSTIC_PHASES + ["branch_auroc_table", "branch_auroc_figure", "fit_schedule"])
     assert "build_tiny_model" not in counts
 
 
@@ -47,14 +48,14 @@ def test_branch_auroc_dry_run_lists_exactly_the_phase_jobs():
     out = proc.stdout + proc.stderr
     counts = job_counts(out)
     assert counts == {"fetch_model": 1, "prepare_benchmark": 3, **{p: 1 for p in DIAGNOSTIC_PHASES},
-                      "branch_auroc_table": 1, "branch_auroc_figure": 1, "total": 13}
+                      "branch_auroc_table": 1, "branch_auroc_figure": 1, "fit_schedule": 1, "total": 14}  # Figure 1B overlays the fit
     assert set(re.findall(r"results/data/benchmarks/(\w+)\.parquet", out)) == {"math500", "aime2024", "aime2025"}
     assert "results/diagnostic/qwen3_4b/spines.parquet" in out and "results/models/qwen3_4b/base.json" in out
     # GPUs from the model entry: generation phases get gpus.generate, HF forwards gpus.forward, the rest none.
     resources = {job.rule: job.resources for job in parse_dry_run(out)}
     for rule, gpus in {"spines": 4, "forced_continuation": 4, "teacher_pass": 1, "mc_dropout": 1}.items():
         assert resources[rule].get("gpu") == str(gpus), rule
-    for rule in ("candidates", "viability_labels", "branch_scores", "branch_auroc_table"):
+    for rule in ("candidates", "viability_labels", "branch_scores", "branch_auroc_table", "fit_schedule"):
         assert "gpu" not in resources[rule], rule
 
 
@@ -133,7 +134,7 @@ def test_tiny_run_grades_and_aggregates_over_seeds(tiny_run):
 
 
 TINY_METHODS = ["opsd", "eopd", "reopold", "pwopsd_mild", "pwopsd_moderate", "pwopsd_sharp", "pwopsd_aggressive",
-                "uniform_perseq", "posw_global"]
+                "uniform_perseq", "posw_global", "pwopsd_fitted"]
 
 
 @pytest.mark.workflow
@@ -156,7 +157,7 @@ def test_tiny_run_writes_tables_and_figures(tiny_run):
     assert main.count("\\multirow{4}{*}") == 5 and "Pass@12 & Avg@12 & Maj@12" in main and "& --" not in main
     assert main.count("\\mathbf") >= 12  # at least one bold cell per benchmark-metric column
     sched = (workdir / "results/tables/schedules_4b.tex").read_text()
-    assert sched.count("\\multirow{4}{*}") == 4 and sched.count("\\cmidrule") == 3
+    assert sched.count("\\multirow{4}{*}") == 5 and sched.count("\\cmidrule") == 4 and "\\multirow{4}{*}{Fitted}" in sched
     cross = (workdir / "results/tables/cross_model.tex").read_text()
     assert "Tiny-Qwen3" in cross and "Arith-3w & Avg@12" in cross
     ablation = (workdir / "results/tables/ablation_4b.tex").read_text()
@@ -199,6 +200,53 @@ def test_tiny_run_branch_viability_diagnostic(tiny_run):
         assert (workdir / f"results/figures/{fig}.pdf").read_bytes()[:5] == b"%PDF-"
     panels = pd.read_csv(workdir / "results/figures/branch_auroc.csv")
     assert set(panels["panel"]) == {"A", "B"} and panels["series"].str.startswith("schedule").any()
+
+
+@pytest.mark.workflow
+def test_tiny_run_fits_a_schedule_and_trains_with_it(tiny_run):
+    """Beyond the paper: the schedule fitted to the tiny diagnostic is what pwopsd_fitted trained
+    with, and both figures draw it with its bootstrap band."""
+    from pwopsd.schedule import schedule_weight
+
+    workdir, _ = tiny_run
+    fit = json.loads((workdir / "results/diagnostic/tiny_qwen3/fitted_schedule.json").read_text())
+    p = fit["params"]
+    assert 0 < p["w_min"] <= 1 and p["s"] > 0 and fit["n_boot_used"] > 0.9 * fit["n_boot"]
+    for k in ("w_min", "tau", "s"):
+        lo, hi = fit["ci"][k]
+        assert lo <= p[k] <= hi or abs(p[k] - np.clip(p[k], lo, hi)) < 1e-6, (k, p[k], lo, hi)
+    assert fit["curve"]["w"] == pytest.approx(list(schedule_weight(np.asarray(fit["curve"]["r"]), **p)))
+    runs = [json.loads(f.read_text()) for f in (workdir / "results/training/tiny_qwen3/pwopsd_fitted/checkpoints").glob("*/run.json")]
+    assert len(runs) == 1 and {k: runs[0]["train"]["loss"][k] for k in p} == p  # trained with exactly the fitted schedule
+    figure2 = pd.read_csv(workdir / "results/figures/pwopsd_schedules.csv")
+    assert {"pwopsd_fitted", "pwopsd_fitted_low", "pwopsd_fitted_high"} <= set(figure2.columns)
+    figure1 = pd.read_csv(workdir / "results/figures/branch_auroc.csv")
+    assert {"fitted w(r)", "fitted w(r) band low", "fitted w(r) band high"} <= set(figure1["series"])
+
+
+@pytest.mark.workflow
+def test_new_diagnostic_labels_retrain_only_the_fitted_schedule(tiny_run):
+    """The DAG edge diagnostic -> fit -> train: newer labels rerun the scores, the fit, the fitted
+    method's training, merge, evaluation and the tables/figures, and no other training run."""
+    import os
+
+    workdir, _ = tiny_run
+    labels = workdir / "results/diagnostic/tiny_qwen3/labels.parquet"
+    stat = labels.stat()
+    os.utime(labels, (stat.st_atime, stat.st_mtime + 3600))
+    try:
+        proc = run_snakemake(["-n", "--directory", str(workdir)])
+    finally:
+        os.utime(labels, (stat.st_atime, stat.st_mtime))
+    jobs = parse_dry_run(proc.stdout + "\n" + proc.stderr)
+    by_rule = {}
+    for job in jobs:
+        by_rule.setdefault(job.rule, []).append(job.wildcards)
+    assert {"branch_scores", "fit_schedule", "train", "merge_adapter", "generate", "grade"} <= set(by_rule)
+    assert [w["method"] for w in by_rule["train"]] == ["pwopsd_fitted"] and len(by_rule["merge_adapter"]) == 1
+    assert {w["checkpoint"] for w in by_rule["generate"] + by_rule["grade"]} == {"pwopsd_fitted"}
+    assert not {"spines", "teacher_pass", "candidates", "mc_dropout", "forced_continuation", "viability_labels",
+                "build_tiny_model"} & set(by_rule)
 
 
 @pytest.mark.workflow

@@ -162,8 +162,9 @@ def _semantic_problems(cfg: dict) -> list[str]:
         problems.append("tables: needs a 'training' section (the tables compare trained methods)")
     diag = cfg.get("diagnostic")
     if diag is not None:
-        if diag.get("model") is not None and diag["model"] not in cfg["models"]:
-            problems.append(f"diagnostic.model: {diag['model']!r} is not a configured model")
+        for i, model in enumerate(diag.get("models") or []):
+            if model not in cfg["models"]:
+                problems.append(f"diagnostic.models.{i}: {model!r} is not a configured model")
         for name, count in diag["datasets"].items():
             if name not in cfg["benchmarks"]:
                 problems.append(f"diagnostic.datasets.{name}: not a configured benchmark ({', '.join(cfg['benchmarks'])})")
@@ -176,17 +177,49 @@ def _semantic_problems(cfg: dict) -> list[str]:
             problems.append("diagnostic.labels.v_low: must not exceed diagnostic.labels.v_high")
         if diag["candidates"]["children"] > diag["teacher_pass"]["top_k"]:
             problems.append("diagnostic.candidates.children: more children than diagnostic.teacher_pass.top_k stored tokens")
+        tp = diag["teacher_pass"]
+        if tp["top_m"] > tp["top_k"]:
+            problems.append(f"diagnostic.teacher_pass.top_m={tp['top_m']}: more than the top_k={tp['top_k']} stored tokens")
+        elif tp["h_trunc"] == "top_m_valid" and tp["top_m"] == tp["top_k"]:
+            problems.append("diagnostic.teacher_pass.h_trunc=top_m_valid needs teacher_pass.top_k > top_m (with "
+                            f"top_k = top_m = {tp['top_m']} it is the same as valid_in_top_m); store e.g. top_k: 64")
         if diag["spine"]["max_new_tokens"] >= diag["spine"]["max_model_len"]:
             problems.append("diagnostic.spine.max_new_tokens: leaves no room for the prompt within diagnostic.spine.max_model_len")
         schedule = diag["figure"]["schedule"]
         if cfg.get("methods") and schedule not in cfg["methods"]:
             problems.append(f"diagnostic.figure.schedule: {schedule!r} is not a configured method")
+    diagnosed = set(diagnostic_models(cfg))
+    for name, meth in cfg.get("methods", {}).items():
+        if meth.get("schedule_from") and meth["loss"] != "pwopsd":
+            problems.append(f"methods.{name}.schedule_from: only a pwopsd method takes its schedule from the diagnostic "
+                            f"(loss is {meth['loss']})")
+    for kind, runs in table_runs(cfg).items():
+        for model, method in runs:
+            if cfg.get("methods", {}).get(method, {}).get("schedule_from") and model not in diagnosed:
+                problems.append(f"tables.{kind}: {method!r} takes its schedule from the diagnostic of {model!r}, which "
+                                f"is not in diagnostic.models ({', '.join(sorted(diagnosed)) or 'no diagnostic section'})")
+    grading = cfg.get("grading", {})
+    if grading.get("verdicts") not in grading.get("graders", {}):
+        problems.append(f"grading.verdicts: {grading.get('verdicts')!r} is not one of grading.graders "
+                        f"({', '.join(grading.get('graders', {}))})")
     tiny = cfg.get("tiny")
     if tiny and "student_accuracy_range" in tiny:
         lo, hi = tiny["student_accuracy_range"]
         if lo >= hi:
             problems.append(f"tiny.student_accuracy_range: lower bound {lo} must be below upper bound {hi}")
     return problems
+
+
+FITTED_PARAMS = ("w_min", "tau", "s")
+
+
+def _fitted_schedule_problems(cfg: dict) -> list[str]:
+    """Before defaults are filled: a method taking its schedule from the diagnostic may not also
+    give it by hand."""
+    return [f"methods.{name}.params.{key}: given, but methods.{name}.schedule_from takes the schedule from the "
+            "diagnostic's fit; remove one of them"
+            for name, meth in (cfg.get("methods") or {}).items() if isinstance(meth, dict) and meth.get("schedule_from")
+            for key in FITTED_PARAMS if key in (meth.get("params") or {})]
 
 
 def validate_config(config: dict, schema: dict | None = None) -> dict:
@@ -207,7 +240,13 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
             continue
         lines.append(_message(err))
     if not lines:
+        lines = _fitted_schedule_problems(cfg)
+    if not lines:
         _fill_defaults(cfg, schema, schema)
+        for meth in cfg.get("methods", {}).values():
+            if meth.get("schedule_from"):  # the schema filled the hand-picked defaults; the file gives them
+                for key in FITTED_PARAMS:
+                    meth["params"].pop(key, None)
         lines = _semantic_problems(cfg)
     if lines:
         unique = list(dict.fromkeys(lines))
@@ -283,7 +322,7 @@ def backend_options(cfg: dict, model: str) -> dict:
 def grading_options(cfg: dict) -> dict:
     """The grading settings that determine verdicts (rule params of ``grade``)."""
     g = cfg["grading"]
-    return {k: g[k] for k in ("timeout", "maj_budget", "string_fallback", "gold_wrapping")}
+    return {k: g[k] for k in ("timeout", "maj_budget", "verdicts", "graders")}
 
 
 def trained_models(cfg: dict) -> list[str]:
@@ -324,8 +363,11 @@ def runs_in_tables(cfg: dict) -> list[tuple[str, str]]:
 
 def training_runs(cfg: dict) -> list[tuple[str, str]]:
     """Every configured training run: each trained model (``training.models``) with each method
-    of ``methods`` (target ``train_all``); tables select among these runs."""
-    return [(model, method) for model in trained_models(cfg) for method in cfg.get("methods", {})]
+    of ``methods`` (target ``train_all``; a ``schedule_from: diagnostic`` method only on the models
+    that ``diagnostic.models`` diagnoses); tables select among these runs."""
+    fitted, diagnosed = set(fitted_methods(cfg)), set(diagnostic_models(cfg))
+    return [(model, method) for model in trained_models(cfg) for method in cfg.get("methods", {})
+            if method not in fitted or model in diagnosed]
 
 
 def table_outputs(cfg: dict) -> dict[str, str]:
@@ -338,7 +380,7 @@ def training_config(cfg: dict, model: str, method: str) -> dict:
     tr, meth, entry = cfg["training"], cfg["methods"][method], cfg["models"][model]
     return {
         "method": meth["loss"],
-        "loss": dict(meth["params"]),
+        "loss": dict(meth["params"]),  # a schedule_from method's w_min/tau/s: added by rule train from the fit
         "temperature": tr["temperature"],
         "clip": tr["clip"],
         "opsd_upcast": tr["opsd_upcast"],
@@ -403,19 +445,31 @@ def built_models(cfg: dict) -> list[str]:
     return [m for m, e in cfg["models"].items() if "built_by" in e]
 
 
-def diagnostic_model(cfg: dict) -> str | None:
-    """The model the branch-viability diagnostic runs on (None without a diagnostic section)."""
+def diagnostic_models(cfg: dict) -> list[str]:
+    """The models the branch-viability diagnostic runs on (``diagnostic.models``, default the first
+    model; none without a diagnostic section)."""
     diag = cfg.get("diagnostic")
     if diag is None:
-        return None
-    return diag.get("model") or next(iter(cfg["models"]))
+        return []
+    return list(diag.get("models") or [next(iter(cfg["models"]))])
+
+
+def diagnostic_model(cfg: dict) -> str | None:
+    """The model of Table 1 and Figure 1: the first diagnosed model (None without a diagnostic)."""
+    models = diagnostic_models(cfg)
+    return models[0] if models else None
+
+
+def fitted_methods(cfg: dict) -> list[str]:
+    """Methods whose schedule comes from the diagnostic's fit (``schedule_from: diagnostic``)."""
+    return [name for name, meth in cfg.get("methods", {}).items() if meth.get("schedule_from")]
 
 
 def diagnostic_settings(cfg: dict, model: str) -> dict:
     """Everything that determines the diagnostic's results for ``model`` (rule params)."""
     diag = cfg["diagnostic"]
     m = cfg["models"][model]
-    out = {k: v for k, v in diag.items() if k not in ("model", "figure")}
+    out = {k: v for k, v in diag.items() if k not in ("models", "figure")}
     out["chat_template"] = m["chat_template"]
     out["dtype"] = m["dtype"]
     out["layers"] = m["layers"]

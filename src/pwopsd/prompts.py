@@ -57,6 +57,17 @@ OPEN_THINK_AT_END = re.compile(r"<think\s*>\s*$")
 THINK_CLOSURE = "</think>\n\n"
 
 
+def fixed_phrases(min_chars: int = 8) -> list[str]:
+    """The constant text between the placeholders of the training and evaluation templates (at
+    least ``min_chars`` long), longest first: what a tokenizer may encode as single tokens (the tiny
+    model's does). The diagnostic's teacher template is left out: a model pretrained without it
+    would meet untrained tokens there, where word pieces carry what it learned."""
+    pieces = set()
+    for template in (STUDENT_TRAIN_TEMPLATE, TEACHER_TRAIN_TEMPLATE, EVAL_TEMPLATE):
+        pieces.update(p for p in re.split(r"\{(?:problem|solution|answer)\}", template) if len(p) >= min_chars)
+    return sorted(pieces, key=lambda p: (-len(p), p))
+
+
 def student_message(problem: str) -> str:
     return STUDENT_TRAIN_TEMPLATE.replace("{problem}", problem)
 

@@ -71,6 +71,11 @@ def generation_seeds(cfg: dict, wc) -> dict[str, int | None]:
     return {name: C.sampling_seed(cfg, name) for name in names}
 
 
+def job_seeds(cfg: dict, wc) -> list[str]:
+    """The seed names a generate or grade job covers, in its outputs' order (see :func:`generation_seeds`)."""
+    return list(generation_seeds(cfg, wc))
+
+
 def seeds_per_job(cfg: dict) -> str:
     """``one`` (a generate job per checkpoint and seed: the cluster layout) or ``all`` (one job per
     checkpoint samples every seed: fewer process starts and model loads, for small models)."""
@@ -136,15 +141,19 @@ def table_spec(cfg: dict, wc) -> dict:
 
 
 def schedules(cfg: dict, wc=None) -> dict[str, dict[str, Any]]:
-    """The PW-OPSD schedules of the schedules table, by method: display name and (w_min, tau, s)."""
+    """The PW-OPSD schedules of the schedules table, by method: display name and (w_min, tau, s)
+    (``None`` for a schedule fitted to the diagnostic: the figure reads it from the fit's file)."""
     methods = cfg.get("methods", {})
     names = cfg.get("tables", {}).get("schedules", {}).get("methods", [])
-    return {n: {"label": C.plain_label(methods[n].get("label", n)), "params": [methods[n]["params"][k] for k in ("w_min", "tau", "s")]}
+    return {n: {"label": C.plain_label(methods[n].get("label", n)),
+                "params": None if methods[n].get("schedule_from") else [methods[n]["params"][k] for k in ("w_min", "tau", "s")]}
             for n in names}
 
 
 def report_settings(cfg: dict, wc=None) -> dict:
-    return {"diagnostic_model": C.diagnostic_model(cfg), "tiny": bool(C.built_models(cfg))}
+    g = cfg["grading"]
+    return {"diagnostic_model": C.diagnostic_model(cfg), "tiny": bool(C.built_models(cfg)),
+            "verdicts": g["verdicts"], "graders": sorted(g["graders"])}
 
 
 # -- branch-viability diagnostic ---------------------------------------------------------------

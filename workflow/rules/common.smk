@@ -55,7 +55,9 @@ SEEDS = cfgmod.seed_names(config)
 EVAL_MODELS = cfgmod.eval_models(config)
 METHODS = list(config.get("methods", {}))
 TABLE_RUNS = cfgmod.table_runs(config)
-DIAGNOSTIC_MODEL = cfgmod.diagnostic_model(config)
+DIAGNOSTIC_MODELS = cfgmod.diagnostic_models(config)
+DIAGNOSTIC_MODEL = cfgmod.diagnostic_model(config)  # Table 1 and Figure 1
+FITTED_METHODS = cfgmod.fitted_methods(config)
 TABLE_OUTPUTS = cfgmod.table_outputs(config)
 # A generate job per seed (its {seed} wildcard) or one for every seed of a checkpoint.
 if settings.seeds_per_job(config) == "one":
@@ -112,6 +114,27 @@ def evaluated_checkpoints():
     return [(m, "base") for m in EVAL_MODELS] + runs_in_tables()
 
 
+def fitted_schedule_file(model):
+    return f"results/diagnostic/{model}/fitted_schedule.json"
+
+
+def train_inputs(wildcards):
+    """The base model and the corpus; for a method that takes its schedule from the diagnostic
+    (`schedule_from: diagnostic`), also the model's fitted schedule: diagnostic -> fit -> train."""
+    files = {"model": f"results/models/{wildcards.model}/base.json", "corpus": "results/data/train_corpus.parquet"}
+    if wildcards.method in FITTED_METHODS:
+        files["schedule"] = fitted_schedule_file(wildcards.model)
+    return files
+
+
+def schedules_figure_inputs(wildcards):
+    """Figure 2 reads the fitted schedule of the schedules table's model when the table has a fitted method."""
+    spec = config.get("tables", {}).get("schedules", {})
+    if any(m in FITTED_METHODS for m in spec.get("methods", [])):
+        return {"fitted": fitted_schedule_file(spec["model"])}
+    return {}
+
+
 def seed_metrics(runs):
     return [f"results/metrics/{m}/{c}/{b}/seed-{s}.json" for m, c in runs for b in BENCHMARKS for s in SEEDS]
 
@@ -135,6 +158,8 @@ def all_tables_and_figures():
     files += [f"results/figures/training_curves_{m}.pdf" for m in dict.fromkeys(mo for mo, _ in runs_in_tables())]
     if DIAGNOSTIC_MODEL:
         files += ["results/tables/branch_auroc.tex", "results/figures/branch_auroc.pdf"]
+    files += [f"results/diagnostic/{m}/branch_auroc.json" for m in DIAGNOSTIC_MODELS]
+    files += [fitted_schedule_file(m) for m in DIAGNOSTIC_MODELS]
     return files + ["results/report/reproduction.md"]
 
 

@@ -1,10 +1,11 @@
 # Branch-viability diagnostic (paper §3.2, Appendices A-B): one rule per phase, explicit files in
-# between, all under results/diagnostic/{model}/. The diagnosed model is diagnostic.model (its base
-# checkpoint, no adapters); Table 1 and Figure 1 are drawn from it.
+# between, all under results/diagnostic/{model}/. The diagnosed models are diagnostic.models (base
+# checkpoints, no adapters); Table 1 and Figure 1 are drawn from the first.
 #
 #   A spines -> B teacher_pass -> C candidates -> D mc_dropout
 #                                              -> E forced_continuation -> F viability_labels
 #   G branch_scores (C, D, F) -> branch_auroc_table (Table 1), branch_auroc_figure (Figure 1)
+#   G -> fit_schedule (beyond the paper) -> train of `schedule_from: diagnostic` methods, Figures 1B and 2
 #
 # A and E sample with the generation backend (vllm on the cluster, hf in tiny mode); B and D are
 # HF forwards. Each rule's params hold exactly the settings its phase reads.
@@ -155,7 +156,7 @@ rule branch_scores:
         scored="results/diagnostic/{model}/scored.parquet",
         summary="results/diagnostic/{model}/branch_auroc.json",
     params:
-        settings=config_param(settings.diagnostic, "scores", "labels"),
+        settings=config_param(settings.diagnostic, "scores", "labels", "teacher_pass"),
     log:
         "logs/diagnostic/{model}/branch_scores.log",
     benchmark:
@@ -164,6 +165,25 @@ rule branch_scores:
         "../../envs/analysis.yaml"
     script:
         "../scripts/diagnostic_scores.py"
+
+
+rule fit_schedule:
+    # Beyond the paper: the PW-OPSD schedule fitted to the model's forced-continuation outcomes by
+    # normalized position (pwopsd.schedule); methods with `schedule_from: diagnostic` train with it.
+    input:
+        scored=rules.branch_scores.output.scored,
+    output:
+        schedule="results/diagnostic/{model}/fitted_schedule.json",
+    params:
+        settings=config_param(settings.diagnostic, "fit_schedule", "scores"),
+    log:
+        "logs/diagnostic/{model}/fit_schedule.log",
+    benchmark:
+        "logs/benchmarks/diagnostic/{model}/fit_schedule.tsv"
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/fit_schedule.py"
 
 
 rule branch_auroc_table:
@@ -188,6 +208,7 @@ rule branch_auroc_table:
 rule branch_auroc_figure:
     input:
         scored=f"results/diagnostic/{DIAGNOSTIC_MODEL}/scored.parquet",
+        fitted=f"results/diagnostic/{DIAGNOSTIC_MODEL}/fitted_schedule.json",
     output:
         pdf=report("results/figures/branch_auroc.pdf", caption="../report/branch_auroc_figure.rst", category="Figures", labels={"figure": "Figure 1 branch viability"}),
         csv="results/figures/branch_auroc.csv",

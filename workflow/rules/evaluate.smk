@@ -3,27 +3,26 @@
 
 
 rule grade:
+    # One job per checkpoint and seed, or per checkpoint for every seed (evaluation.seeds_per_job,
+    # as rule generate): grading starts one worker pool per job.
     input:
-        generations=expand(generation_path("{{model}}", "{{checkpoint}}", "{benchmark}", "{{seed}}"),
-                           benchmark=BENCHMARKS),
+        generations=expand(generation_path("{{model}}", "{{checkpoint}}", "{benchmark}", "{seed}"),
+                           benchmark=BENCHMARKS, seed=GENERATION_SEEDS),
         benchmarks=expand("results/data/benchmarks/{benchmark}.parquet", benchmark=BENCHMARKS),
     output:
-        graded=expand(
-            "results/graded/{{model}}/{{checkpoint}}/{benchmark}/seed-{{seed}}.parquet",
-            benchmark=BENCHMARKS,
-        ),
-        metrics=expand(
-            "results/metrics/{{model}}/{{checkpoint}}/{benchmark}/seed-{{seed}}.json",
-            benchmark=BENCHMARKS,
-        ),
+        graded=expand("results/graded/{{model}}/{{checkpoint}}/{benchmark}/seed-{seed}.parquet",
+                      benchmark=BENCHMARKS, seed=GENERATION_SEEDS),
+        metrics=expand("results/metrics/{{model}}/{{checkpoint}}/{benchmark}/seed-{seed}.json",
+                       benchmark=BENCHMARKS, seed=GENERATION_SEEDS),
     params:
         grading=config_param(settings.grading),
         benchmarks=config_param(settings.benchmarks),
+        seeds=config_param(settings.job_seeds),
     threads: config_param(settings.grading_workers)
     log:
-        "logs/grade/{model}/{checkpoint}/seed-{seed}.log",
+        f"logs/grade/{{model}}/{{checkpoint}}/seed-{GENERATION_SEED_NAME}.log",
     benchmark:
-        "logs/benchmarks/grade/{model}/{checkpoint}/seed-{seed}.tsv"
+        f"logs/benchmarks/grade/{{model}}/{{checkpoint}}/seed-{GENERATION_SEED_NAME}.tsv"
     conda:
         "../../envs/analysis.yaml"
     script:

@@ -23,6 +23,8 @@ rule table:
 
 
 rule schedules_figure:
+    input:
+        unpack(schedules_figure_inputs),
     output:
         pdf=report("results/figures/pwopsd_schedules.pdf", caption="../report/schedules.rst", category="Figures", labels={"figure": "Figure 2 schedules"}),
         csv="results/figures/pwopsd_schedules.csv",

@@ -8,8 +8,7 @@
 
 rule train:
     input:
-        model="results/models/{model}/base.json",
-        corpus="results/data/train_corpus.parquet",
+        unpack(train_inputs),
     output:
         adapter=directory("results/training/{model}/{method}/adapter"),
         log="results/training/{model}/{method}/train_log.jsonl",

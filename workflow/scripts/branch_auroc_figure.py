@@ -2,7 +2,7 @@
 the PW-OPSD schedule) and the scatter/histogram figure, each with its plotted data as CSV."""
 
 from pwopsd.diagnostic.phases import diagnostic_pool
-from pwopsd.io import read_parquet
+from pwopsd.io import read_json, read_parquet
 from pwopsd.report.figures import branch_auroc_figure, branch_scatter_figure
 from pwopsd.runtime import setup_logging, write_job_provenance
 from pwopsd.standalone import standalone_snakemake
@@ -15,7 +15,8 @@ def main(snakemake):
     fig = dict(settings["figure"])
     data = branch_auroc_figure(scored, bins=int(fig["bins"]), schedule=fig["schedule_params"], schedule_name=fig["schedule"],
                                schedule_label=fig["schedule_label"],
-                               pdf_path=snakemake.output.pdf, csv_path=snakemake.output.csv)
+                               pdf_path=snakemake.output.pdf, csv_path=snakemake.output.csv,
+                               fitted=read_json(snakemake.input.fitted))
     branch_scatter_figure(scored, labels=settings["labels"], pdf_path=snakemake.output.scatter_pdf,
                           csv_path=snakemake.output.scatter_csv)
     log.info("Figure 1 from %d candidates (%d plotted bins)", len(scored), len(data))

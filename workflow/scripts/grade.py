@@ -1,5 +1,5 @@
-"""Rule grade: grade one checkpoint's generations for one seed on every benchmark; write graded
-samples and per-seed metrics."""
+"""Rule grade: grade one checkpoint's generations for one seed (or every seed, per
+``evaluation.seeds_per_job``) on every benchmark; write graded samples and per-seed metrics."""
 
 from pwopsd.evaluation.pipeline import grade_run
 from pwopsd.evaluation.grading import GraderPool, pool_settings
@@ -10,15 +10,19 @@ from pwopsd.standalone import standalone_snakemake
 
 def main(snakemake):
     log = setup_logging(snakemake.log[0])
-    timeout, maj_budget, options = pool_settings(snakemake.params.grading)
+    gs = pool_settings(snakemake.params.grading)
     wc = snakemake.wildcards
-    with GraderPool(workers=snakemake.threads, timeout=timeout, options=options, progress=True) as pool:
-        for name, gens, bench, graded_out, metrics_out in zip(snakemake.params.benchmarks, snakemake.input.generations,
-                                                              snakemake.input.benchmarks, snakemake.output.graded,
-                                                              snakemake.output.metrics):
-            meta = {"model": wc.model, "checkpoint": wc.checkpoint, "benchmark": name, "seed_name": wc.seed,
+    tables = dict(zip(snakemake.params.benchmarks, snakemake.input.benchmarks))
+    # inputs and outputs are expanded benchmark-major over the job's seeds (see rule grade)
+    jobs = [(name, seed) for name in snakemake.params.benchmarks for seed in snakemake.params.seeds]
+    with GraderPool(workers=snakemake.threads, timeout=gs.timeout, options=gs.options, progress=True) as pool:
+        for (name, seed), gens, graded_out, metrics_out in zip(jobs, snakemake.input.generations, snakemake.output.graded,
+                                                               snakemake.output.metrics, strict=True):
+            assert graded_out.endswith(f"/{name}/seed-{seed}.parquet") and metrics_out.endswith(f"/{name}/seed-{seed}.json")
+            meta = {"model": wc.model, "checkpoint": wc.checkpoint, "benchmark": name, "seed_name": seed,
                     "grading_options": snakemake.params.grading, "versions": versions()}
-            graded, summary = grade_run(read_parquet(gens), read_parquet(bench), pool=pool, meta=meta, maj_budget=maj_budget)
+            graded, summary = grade_run(read_parquet(gens), read_parquet(tables[name]), pool=pool, meta=meta,
+                                        maj_budget=gs.maj_budget, graders=gs.graders, verdicts=gs.verdicts)
             write_parquet(graded, graded_out, metadata=meta)
             write_json(summary, metrics_out)
             log.info("%s: %s", metrics_out, summary["metrics_pct"])

@@ -18,6 +18,11 @@ def main(snakemake):
             "the reproduced side only and are not comparable to the paper's." if snakemake.params.report["tiny"] else
             "Paper configuration: published numbers from `workflow/reference/paper_results.csv` (source table in "
             "the first column) beside this run's.")
+    r = snakemake.params.report
+    others = [g for g in r["graders"] if g != r["verdicts"]]
+    note += (f" Verdicts of the `{r['verdicts']}` grader (`grading.verdicts`)"
+             + (f"; the {', '.join(f'`{g}`' for g in others)} grader's values are in the last column." if others else ".")
+             + " See docs/decisions.md, \"Grading and metrics\".")
     with atomic_path(snakemake.output.markdown) as tmp:
         tmp.write_text(render_markdown(comparison, reproduced, title_note=note))
     with atomic_path(snakemake.output.csv) as tmp:

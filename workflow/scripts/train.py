@@ -1,12 +1,13 @@
 """Rule train: one model x method training run (torchrun processes when several GPUs are given)."""
 
+from pwopsd.io import read_json, write_json
 from pwopsd.runtime import set_threads, setup_logging
 from pwopsd.standalone import standalone_snakemake
-from pwopsd.training.job import checkpoint_dir, launch
+from pwopsd.training.job import checkpoint_dir, launch, run_key
 
 
 def main(snakemake):
-    setup_logging(snakemake.log[0])
+    log = setup_logging(snakemake.log[0])
     set_threads(snakemake.threads)
     p = snakemake.params
     args = {
@@ -20,11 +21,17 @@ def main(snakemake):
         "adapter_out": snakemake.output.adapter,
         "log_out": snakemake.output.log,
     }
+    if "schedule" in snakemake.input.keys():  # schedule_from: diagnostic -> the fitted (w_min, tau, s)
+        fit = read_json(snakemake.input.schedule)
+        args["train"] = {**p.train, "loss": {**p.train["loss"], **fit["params"]}}
+        log.info("schedule fitted to the diagnostic of %s: %s", fit["model"], fit["params"])
     # Checkpoints of a run live in a folder keyed by everything that determines the run (settings,
     # base model content, corpus content, prompt switches, dtype, library versions, training code):
     # a resumed run never continues from a checkpoint of a different one.
     work_dir = checkpoint_dir(p.work_root, args)
     args["work_dir"] = str(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_key(args), work_dir / "run.json")  # what this checkpoint folder is the run of
     launch(args, processes=int(snakemake.resources.get("gpu", 0) or 0), args_path=work_dir.parent / "launch_args.json",
            log_path=snakemake.log[0])
 

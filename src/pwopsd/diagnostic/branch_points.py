@@ -17,9 +17,22 @@ from pwopsd.models import decoder_layers
 # their tests run without torch (see docs/cluster.md, "Software stacks").
 
 
-def truncated_entropy(probs: Sequence[float], valid: Sequence[bool], top_m: int = 16) -> float:
-    """Entropy of the renormalized top-``top_m`` *valid* tokens (probabilities sorted descending)."""
-    p = np.asarray(probs, dtype=float)[np.asarray(valid, dtype=bool)][:top_m]
+H_TRUNC_READINGS = ("valid_in_top_m", "top_m_valid")
+
+
+def truncated_entropy(probs: Sequence[float], valid: Sequence[bool], top_m: int = 16,
+                      reading: str = "valid_in_top_m") -> float:
+    """Entropy of the renormalized "top-``top_m`` valid" tokens (``probs`` sorted descending).
+
+    The paper's "top-16 valid-token truncated entropy" has two readings (``diagnostic.teacher_pass.h_trunc``):
+    ``valid_in_top_m``: the valid tokens among the ``top_m`` most probable ones (fewer than ``top_m``
+    where junk/special tokens rank high); ``top_m_valid``: the ``top_m`` most probable *valid* tokens
+    (needs more than ``top_m`` stored tokens to differ). See docs/decisions.md.
+    """
+    if reading not in H_TRUNC_READINGS:
+        raise ValueError(f"diagnostic.teacher_pass.h_trunc must be one of {H_TRUNC_READINGS}, got {reading!r}")
+    p, v = np.asarray(probs, dtype=float), np.asarray(valid, dtype=bool)
+    p = p[:top_m][v[:top_m]] if reading == "valid_in_top_m" else p[v][:top_m]
     if p.sum() <= 0:
         return 0.0
     q = p / p.sum()
@@ -38,14 +51,15 @@ class Candidate:
 
 def select_candidates(top_ids: np.ndarray, top_probs: np.ndarray, is_valid: Callable[[int], bool], *,
                       boxed_start: int | None, max_candidates: int = 5, spacing: int = 64, p2_min: float = 0.02,
-                      ratio_min: float = 0.10, n_children: int = 3, top_m: int = 16) -> list[Candidate]:
+                      ratio_min: float = 0.10, n_children: int = 3, top_m: int = 16,
+                      h_trunc: str = "valid_in_top_m") -> list[Candidate]:
     """Phase C on one spine.
 
     ``top_ids``/``top_probs`` ``[T, K]``: the teacher's top-K next tokens at each spine position,
     sorted by probability. Junk/EOS/special tokens are dropped by ``is_valid``; a position is
     plausible when its two most likely valid tokens satisfy ``p2 >= p2_min`` and
     ``p2 / p1 >= ratio_min``; positions at or after ``boxed_start`` are skipped. Among plausible
-    positions, the highest truncated-entropy ones are taken greedily, at least ``spacing`` tokens
+    positions, the highest truncated-entropy (:func:`truncated_entropy`, reading ``h_trunc``) ones are taken greedily, at least ``spacing`` tokens
     apart, up to ``max_candidates``; each keeps its top ``n_children`` valid tokens as the forced
     alternatives.
     """
@@ -61,7 +75,7 @@ def select_candidates(top_ids: np.ndarray, top_probs: np.ndarray, is_valid: Call
         eps = 1e-9  # the thresholds are inclusive; do not lose exact boundary values to rounding
         if p2 < p2_min - eps or p2 / p1 < ratio_min - eps:
             continue
-        pool.append(Candidate(t, truncated_entropy(top_probs[t], valid, top_m), ids[:n_children], p1, p2))
+        pool.append(Candidate(t, truncated_entropy(top_probs[t], valid, top_m, h_trunc), ids[:n_children], p1, p2))
     pool.sort(key=lambda c: (-c.entropy, c.position))
     chosen: list[Candidate] = []
     for c in pool:

@@ -43,10 +43,10 @@ CANDIDATE_KEY = [*PROBLEM_KEY, "candidate"]
 
 # Scores of Table 1: column in the scored table -> row label (the paper's wording).
 SCORES = {
-    "h_full": "$H(q_t)$ (mean predictive entropy)",
+    "h_full": "$H(\\mathbf{p}^{\\mathrm{opsd}}_t)$ (mean predictive entropy)",
     "mi": "$\\mathrm{MI}$ (canonical MC-dropout epistemic)",
     "log_kappa": "$\\log\\hat{\\kappa}$ (Dirichlet precision)",
-    "h_trunc": "$h_{\\mathrm{trunc}}$ (top-16 valid entropy)",
+    "h_trunc": "$h_{\\mathrm{trunc}}$ (top-$<top_m>$ valid entropy)",
     "early_position": "$1-\\widetilde r$ (early-position score)",
 }
 
@@ -246,7 +246,7 @@ def run_teacher_pass(model, tokenizer, spines: pd.DataFrame, settings: dict) -> 
         prompt = teacher_prompt_ids(tokenizer, row, kind=settings["teacher_prompt"], chat_template=settings["chat_template"])
         out = teacher_pass(model, prompt, spine, top_k=int(tp["top_k"]), chunk_size=int(tp["chunk_size"]))
         valid = keep.mask(out["top_ids"])
-        h_trunc = [truncated_entropy(p, v, int(tp["top_m"])) for p, v in zip(out["top_probs"], valid)]
+        h_trunc = [truncated_entropy(p, v, int(tp["top_m"]), tp["h_trunc"]) for p, v in zip(out["top_probs"], valid)]
         frames.append(pd.DataFrame({
             "dataset": row["dataset"], "problem_id": row["problem_id"], "position": np.arange(len(spine)),
             "token_id": spine, "entropy": out["entropy"].astype(np.float32), "h_trunc": np.asarray(h_trunc, np.float32),
@@ -277,7 +277,8 @@ def run_candidates(tokenizer, spines: pd.DataFrame, teacher: pd.DataFrame, setti
         start = boxed_start(tokenizer, spine["spine_ids"])
         chosen = select_candidates(top_ids, top_probs, keep, boxed_start=start, max_candidates=int(c["max_per_problem"]),
                                    spacing=int(c["spacing"]), p2_min=float(c["p2_min"]), ratio_min=float(c["ratio_min"]),
-                                   n_children=int(c["children"]), top_m=int(settings["teacher_pass"]["top_m"]))
+                                   n_children=int(c["children"]), top_m=int(settings["teacher_pass"]["top_m"]),
+                                   h_trunc=settings["teacher_pass"]["h_trunc"])
         length = int(spine["spine_length"])
         for k, cand in enumerate(chosen):
             at = g.iloc[cand.position]
@@ -427,6 +428,11 @@ def branch_auroc_summary(scored: pd.DataFrame, spines: pd.DataFrame, settings: d
     """Table 1's numbers: per score the within-problem residualized AUROC (real-uncertain = positive),
     its cluster-bootstrap interval, the AUPRC of the residualized score, and the pool's counts.
 
+    Both orientations are computed from the same bootstrap draws: ``*_raw`` (the AUROC as is) and
+    ``*_folded`` (``max(A, 1 - A)`` for the estimate and every draw, the convention the paper's
+    intervals imply); ``auroc``/``ci_low``/``ci_high`` are the ones ``diagnostic.scores.orientation``
+    selects for the table.
+
     Degenerate pools do not produce numbers: ``status`` says why (no correct spine, no candidate,
     a class missing) and the AUROC fields are ``None``.
     """
@@ -462,16 +468,61 @@ def branch_auroc_summary(scored: pd.DataFrame, spines: pd.DataFrame, settings: d
         status = "ok"
     rows = []
     t0 = time.time()
+    orientation = sc["orientation"]
     for column, label in SCORES.items():
+        label = label.replace("<top_m>", str(settings["teacher_pass"]["top_m"]))
         entry: dict[str, Any] = {"score": column, "label": label, "auroc": None, "ci_low": None, "ci_high": None,
                                  "auprc": None, "n_missing": int(binary[column].isna().sum()) if column in binary else len(binary)}
+        for o in stats.ORIENTATIONS:
+            entry.update({f"auroc_{o}": None, f"ci_low_{o}": None, f"ci_high_{o}": None})
         if status == "ok" and entry["n_missing"] == 0:
             s = binary[column].to_numpy(dtype=float)
-            lo, hi = stats.cluster_bootstrap_ci(s, y, groups, n_boot=int(sc["n_boot"]), seed=int(sc["seed"]),
-                                                level=float(sc["level"]))
-            entry.update(auroc=_finite(stats.residualized_auroc(s, y, groups)), ci_low=_finite(lo), ci_high=_finite(hi),
-                         auprc=_finite(stats.auprc(stats.residualize(s, groups), y)))
+            raw = stats.residualized_auroc(s, y, groups)
+            draws = stats.cluster_bootstrap_draws(s, y, groups, n_boot=int(sc["n_boot"]), seed=int(sc["seed"]))
+            for o, value, d in (("raw", raw, draws), ("folded", stats.fold(raw), stats.fold(draws))):
+                lo, hi = stats.percentile_interval(d, float(sc["level"]))
+                entry.update({f"auroc_{o}": _finite(value), f"ci_low_{o}": _finite(lo), f"ci_high_{o}": _finite(hi)})
+            entry.update(auroc=entry[f"auroc_{orientation}"], ci_low=entry[f"ci_low_{orientation}"],
+                         ci_high=entry[f"ci_high_{orientation}"], auprc=_finite(stats.auprc(stats.residualize(s, groups), y)))
         rows.append(entry)
     log.info("scores: %d bootstrap intervals in %.1fs", len(rows), time.time() - t0)
     return {"status": status, "counts": counts, "positive_rate": _finite(float(y.mean())) if len(y) else None,
+            "orientation": orientation,
             "scores": rows, "settings": {k: settings[k] for k in ("scores", "labels")}}
+
+
+# ---------------------------------------------------------------------------------------------
+# Beyond the paper: the position schedule fitted to the diagnostic (rule fit_schedule)
+
+
+def continuation_outcomes(scored: pd.DataFrame, scores: dict) -> pd.DataFrame:
+    """Per candidate of the diagnostic pool (:func:`diagnostic_pool`, gray ones included) with
+    forced continuations: normalized position ``r_tilde``, continuations that recovered the answer
+    (``recovered`` = mean child viability x continuations; every child has the same number) and
+    ``continuations``, and the problem (``group``) the bootstrap resamples."""
+    pool = diagnostic_pool(scored, scores)
+    pool = pool[pool["n_continuations"] > 0]
+    return pd.DataFrame({
+        "r_tilde": pool["r_tilde"].to_numpy(dtype=float),
+        "recovered": np.rint(pool["mean_viability"].to_numpy(dtype=float) * pool["n_continuations"].to_numpy()),
+        "continuations": pool["n_continuations"].to_numpy(dtype=float),
+        "group": (pool["dataset"] + "/" + pool["problem_id"]).to_numpy(),
+    })
+
+
+def fitted_schedule(scored: pd.DataFrame, settings: dict, *, model: str) -> dict[str, Any]:
+    """The PW-OPSD schedule fitted to the model's forced-continuation outcomes
+    (:func:`pwopsd.schedule.fit_schedule`); a pool that cannot identify one raises
+    :class:`pwopsd.schedule.ScheduleFitError` naming the model."""
+    from pwopsd.schedule import ScheduleFitError, fit_schedule
+
+    fs = settings["fit_schedule"]
+    data = continuation_outcomes(scored, settings["scores"])
+    try:
+        fit = fit_schedule(data["r_tilde"], data["recovered"], data["continuations"], data["group"],
+                           n_boot=int(fs["n_boot"]), seed=int(fs["seed"]), level=float(fs["level"]),
+                           min_candidates=int(fs["min_candidates"]))
+    except ScheduleFitError as exc:
+        raise ScheduleFitError(f"diagnostic of {model}: {exc} (results/diagnostic/{model}/scored.parquet)") from None
+    return {"model": model, "fit": "maximum likelihood, binomial forced-continuation outcomes ~ v_max * w(r_tilde)",
+            **fit, "settings": {k: settings[k] for k in ("fit_schedule", "scores")}}

@@ -3,7 +3,8 @@
 * :func:`auroc` (Mann-Whitney U with mid-ranks) and :func:`auprc` (average precision);
 * :func:`residualize` (within-problem mean-centering) and :func:`residualized_auroc`;
 * :func:`cluster_bootstrap_ci`: resample *problems* with replacement (a problem drawn twice counts as
-  two clusters), recompute the residualization on every resample, percentile interval;
+  two clusters), recompute the residualization on every resample, percentile interval; raw or
+  folded (:func:`fold`, every draw taken as ``max(A, 1 - A)``, the paper's Table 1 convention);
 * :func:`mc_dropout_scores`: full entropy of the mean, mutual information and the moment-matched
   Dirichlet precision from M MC-dropout distributions; :func:`log_kappa` at score time.
 
@@ -83,13 +84,23 @@ def residualized_auroc(scores: Sequence[float], labels: Sequence[int], groups: S
     return auroc(residualize(scores, groups), labels)
 
 
-def cluster_bootstrap_ci(scores: Sequence[float], labels: Sequence[int], groups: Sequence, *, n_boot: int = 2000,
-                         seed: int = 0, level: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of the residualized AUROC under a bootstrap over problems.
+ORIENTATIONS = ("raw", "folded")
+
+
+def fold(value):
+    """``max(A, 1 - A)``: the AUROC of the better of a score and its negation, for one value or
+    an array of bootstrap draws (NaN stays NaN)."""
+    folded = np.maximum(value, 1.0 - np.asarray(value, dtype=float))
+    return float(folded) if np.ndim(folded) == 0 else folded
+
+
+def cluster_bootstrap_draws(scores: Sequence[float], labels: Sequence[int], groups: Sequence, *, n_boot: int = 2000,
+                            seed: int = 0) -> np.ndarray:
+    """Residualized AUROCs of ``n_boot`` cluster-bootstrap resamples over problems.
 
     Each resample draws as many problems as there are, with replacement; a problem drawn k times
     contributes k separate clusters, and the residualization is recomputed on the resample.
-    Resamples without both classes are skipped (NaN interval if none is usable).
+    Resamples without both classes are skipped (so fewer than ``n_boot`` values may come back).
     """
     s = np.asarray(scores, dtype=float)
     y = np.asarray(labels).astype(int)
@@ -105,10 +116,29 @@ def cluster_bootstrap_ci(scores: Sequence[float], labels: Sequence[int], groups:
         value = residualized_auroc(s[idx], y[idx], new_groups)
         if not np.isnan(value):
             stats.append(value)
-    if not stats:
+    return np.asarray(stats, dtype=float)
+
+
+def percentile_interval(draws: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """Equal-tailed percentile interval of bootstrap draws (NaN interval without draws)."""
+    d = np.asarray(draws, dtype=float)
+    if d.size == 0:
         return float("nan"), float("nan")
     alpha = (1 - level) / 2
-    return float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha))
+    return float(np.quantile(d, alpha)), float(np.quantile(d, 1 - alpha))
+
+
+def cluster_bootstrap_ci(scores: Sequence[float], labels: Sequence[int], groups: Sequence, *, n_boot: int = 2000,
+                         seed: int = 0, level: float = 0.95, orientation: str = "raw") -> tuple[float, float]:
+    """Percentile interval of the residualized AUROC under a bootstrap over problems
+    (:func:`cluster_bootstrap_draws`). ``orientation="folded"`` folds every draw to
+    ``max(A, 1 - A)`` before taking percentiles (the convention the paper's Table 1 intervals imply:
+    lower bounds of exactly 0.50); a folded interval never reaches below 0.5 and is biased upward.
+    """
+    if orientation not in ORIENTATIONS:
+        raise ValueError(f"orientation must be one of {ORIENTATIONS}, got {orientation!r}")
+    draws = cluster_bootstrap_draws(scores, labels, groups, n_boot=n_boot, seed=seed)
+    return percentile_interval(fold(draws) if orientation == "folded" else draws, level)
 
 
 def mc_dropout_scores(probs: np.ndarray) -> dict[str, float]:

@@ -11,7 +11,13 @@ contains a ``$``, ``parse(..., fallback_mode="no_fallback")``, ``verify(gold, pr
 plus a normalized string-equality fallback (lower-cased, ``$`` and spaces removed). When the
 fallback fires is a choice (``GradingOptions.string_fallback``): ``"parse_failure"`` (the paper:
 "string-equality fallback for parsing failures") or ``"exception"`` (the reference code, where it
-almost never fires). See ``docs/decisions.md``.
+almost never fires); so are the gold's wrapping and what an empty ``\\boxed{}`` is graded as.
+
+A job grades with several named graders at once (``grading.graders``): the one ``grading.verdicts``
+names gives the results (Pass/Avg/Maj, the tables); the others' verdicts are carried beside it.
+The paper's configuration grades with ``reference`` (the reference code's grader, which produced the
+published numbers) and carries ``corrected`` (the parse-failure fallback, boxed golds). See
+``docs/decisions.md``.
 
 math-verify's own timeout is a SIGALRM that cannot interrupt long C-level big-integer work and
 breaks in threads, so :class:`GraderPool` runs every grade in a worker *process* with a hard
@@ -41,6 +47,9 @@ STATUS_TIMEOUT = "timeout"
 STATUS_CRASHED = "crashed"
 STATUS_UNFORMATTED = "unformatted"
 STATUS_OVER_BUDGET = "over_budget"  # not graded: the batch's time budget ran out first
+# What the reference stores as the predicted answer when the extraction is None or empty; an empty
+# ``\boxed{}`` is graded (and clustered for Maj@N) as this string under ``empty_box="placeholder"``.
+NO_BOXED_PLACEHOLDER = "[No boxed answer found]"
 
 
 def extract_boxed(text: str | None) -> str | None:
@@ -80,10 +89,15 @@ class GradingOptions:
     """How a (gold, prediction) pair is graded. ``string_fallback``: ``parse_failure`` (paper) or
     ``exception`` (reference code). ``gold_wrapping``: ``dollar`` (reference: ``$gold$`` unless the
     gold has a ``$``, so the three MATH-500 ``\\$`` golds never parse) or ``boxed``
-    (``\\boxed{gold}``, which parses them)."""
+    (``\\boxed{gold}``, which parses them). ``empty_box``: ``placeholder`` (reference: an empty
+    ``\\boxed{}`` is stored as :data:`NO_BOXED_PLACEHOLDER`, which math-verify parses as a product of
+    symbols, so it never matches a gold and all empty boxes of a problem form one Maj@N cluster) or
+    ``empty`` (graded as the empty string: never correct; empty boxes cluster together only through
+    the ``parse_failure`` string fallback)."""
 
     string_fallback: str = "parse_failure"
     gold_wrapping: str = "dollar"
+    empty_box: str = "empty"
     parse_timeout: int = 5
     verify_timeout: int = 5
 
@@ -92,6 +106,12 @@ class GradingOptions:
             raise ValueError(f"grading.string_fallback must be 'parse_failure' or 'exception', got {self.string_fallback!r}")
         if self.gold_wrapping not in ("dollar", "boxed"):
             raise ValueError(f"grading.gold_wrapping must be 'dollar' or 'boxed', got {self.gold_wrapping!r}")
+        if self.empty_box not in ("placeholder", "empty"):
+            raise ValueError(f"grading.empty_box must be 'placeholder' or 'empty', got {self.empty_box!r}")
+
+    def stored(self, answer: str) -> str:
+        """The answer as the grader sees it (the placeholder for an empty box, when so configured)."""
+        return NO_BOXED_PLACEHOLDER if (answer == "" and self.empty_box == "placeholder") else answer
 
 
 def normalize_string(s: str) -> str:
@@ -120,7 +140,9 @@ def grade_pair(gold: str, pred: str | None, options: GradingOptions = GradingOpt
 
     if pred is None:
         return False
-    gold, pred = str(gold), str(pred)
+    gold, pred = str(gold), options.stored(str(pred))
+    if not gold_is_reference:
+        gold = options.stored(gold)
     gold_text = f"\\boxed{{{gold}}}" if (gold_is_reference and options.gold_wrapping == "boxed") else _wrap(gold)
     try:
         g = _parsed(gold_text, options.parse_timeout)
@@ -161,10 +183,10 @@ def _worker_main(conn, options: GradingOptions) -> None:  # runs in the child pr
             return
         # A chunk of tasks; each result is sent as soon as it is known, so the parent always
         # knows which task is running and since when.
-        for key, gold, pred, gold_is_reference in chunk:
+        for key, gold, pred, gold_is_reference, task_options in chunk:
             t0 = time.perf_counter()
             try:
-                ok = grade_pair(gold, pred, options, gold_is_reference=gold_is_reference)
+                ok = grade_pair(gold, pred, task_options or options, gold_is_reference=gold_is_reference)
                 status = STATUS_OK
             except BaseException:  # math-verify's TimeoutException is a BaseException
                 ok, status = False, STATUS_CRASHED
@@ -200,7 +222,9 @@ def default_workers() -> int:
 class GraderPool:
     """Grade many (gold, prediction) pairs in parallel worker processes with a hard time limit.
 
-    Identical pairs are graded once. Use as a context manager or call :meth:`close`.
+    Identical pairs are graded once. ``options`` are the default verdict options; a batch may name
+    others (:meth:`grade_pairs`), so one pool serves several graders. Use as a context manager or
+    call :meth:`close`.
     """
 
     def __init__(self, workers: int | None = None, timeout: float = 5.0, options: GradingOptions = GradingOptions(),
@@ -239,11 +263,13 @@ class GraderPool:
             self._workers.append(_Worker(self._ctx, self.options))
 
     def grade_pairs(self, pairs: Sequence[tuple[str, str | None]] | Sequence[tuple[str, str | None, bool]],
-                    budget: float | None = None) -> list[Grade]:
+                    budget: float | None = None, options: GradingOptions | None = None) -> list[Grade]:
         """Grade ``(gold, pred[, gold_is_reference])`` pairs; ``pred=None`` is unformatted (False).
 
         ``budget``: wall-clock seconds for the whole batch; pairs not graded when it runs out get
-        status ``over_budget`` (False), their workers are stopped and replaced."""
+        status ``over_budget`` (False), their workers are stopped and replaced. ``options``: the
+        verdict options for this batch (default: the pool's)."""
+        options = options or self.options
         results: list[Grade | None] = [None] * len(pairs)
         unique: dict[tuple, list[int]] = {}
         for i, pair in enumerate(pairs):
@@ -252,7 +278,7 @@ class GraderPool:
             if pred is None:
                 results[i] = Grade(False, STATUS_UNFORMATTED, 0.0)
                 continue
-            unique.setdefault((gold, str(pred), ref), []).append(i)
+            unique.setdefault((gold, str(pred), ref, options), []).append(i)
         self.stats["deduplicated"] += sum(len(v) - 1 for v in unique.values())
         deadline = None if budget is None else time.monotonic() + max(0.0, float(budget))
         for key, grade in self._run(list(unique), deadline):
@@ -358,17 +384,33 @@ def grade_answers(predictions: Sequence[str | None], golds: Sequence[str], *, wo
         return [g.correct for g in pool.grade_pairs(list(zip(golds, predictions)))]
 
 
-def pool_settings(grading: dict) -> tuple[float, float, GradingOptions]:
-    """(per-grade hard limit, Maj@N clustering budget per problem, verdict options) from the
-    rule's grading params (``pwopsd.config.grading_options``)."""
-    opts = dict(grading)
-    timeout, maj_budget = float(opts.pop("timeout")), float(opts.pop("maj_budget"))
-    return timeout, maj_budget, GradingOptions(**opts)
+@dataclass(frozen=True)
+class GradingSettings:
+    """A rule's grading params (``pwopsd.config.grading_options``) as objects: the per-grade hard
+    limit, the Maj@N clustering budget per problem, the named graders and the one whose verdicts are
+    the results (``verdicts``); :attr:`options` are that grader's."""
+
+    timeout: float
+    maj_budget: float
+    graders: dict
+    verdicts: str
+
+    @property
+    def options(self) -> GradingOptions:
+        return self.graders[self.verdicts]
+
+
+def pool_settings(grading: dict) -> GradingSettings:
+    graders = {name: GradingOptions(**opts) for name, opts in grading["graders"].items()}
+    if grading["verdicts"] not in graders:
+        raise ValueError(f"grading.verdicts: {grading['verdicts']!r} is not one of grading.graders ({', '.join(graders)})")
+    return GradingSettings(float(grading["timeout"]), float(grading["maj_budget"]), graders, grading["verdicts"])
 
 
 def answer_grader(grading: dict, workers: int):
-    """``grade(predictions, golds) -> list[bool]`` from the rule's grading params."""
-    timeout, _, options = pool_settings(grading)
+    """``grade(predictions, golds) -> list[bool]`` with the verdicts grader of the rule's grading params."""
+    gs = pool_settings(grading)
+    timeout, options = gs.timeout, gs.options
 
     def grade(predictions, golds):
         return grade_answers(predictions, golds, workers=max(1, int(workers)), timeout=timeout, options=options)

@@ -9,22 +9,58 @@ from typing import Any
 
 import pandas as pd
 
-from pwopsd.evaluation.grading import STATUS_OVER_BUDGET, STATUS_TIMEOUT, GraderPool, extract_boxed
+from pwopsd.evaluation.grading import STATUS_OVER_BUDGET, STATUS_TIMEOUT, GraderPool, GradingOptions, extract_boxed
 from pwopsd.evaluation.metrics import METRICS, aggregate_seeds, clustering_pairs, maj_clusters, metrics_from_grades
 
 log = logging.getLogger(__name__)
 
 
-def grade_generations(generations: pd.DataFrame, benchmark: pd.DataFrame, pool: GraderPool,
-                      maj_budget: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Grade every sample and compute every problem's metrics.
+def _grade_with(df: pd.DataFrame, gold: pd.Series, pool: GraderPool, options: GradingOptions,
+                maj_budget: float | None) -> tuple[list, dict, pd.DataFrame]:
+    """One grader's verdicts on the extracted samples of ``df``: (per-sample grades, Maj@N cluster
+    label per row index, per-problem metrics)."""
+    grades = pool.grade_pairs([(gold[pid], pred) for pid, pred in zip(df["problem_id"], df["extracted"])], options=options)
+    correct = pd.Series([g.correct for g in grades], index=df.index)
+    rows, labels, n_pairs = [], {}, 0
+    for pid, grp in df.groupby("problem_id", sort=False):
+        preds = [p if f else None for p, f in zip(grp["extracted"], grp["formatted"])]
+        pairs = clustering_pairs(preds)
+        eq = pool.grade_pairs([(ref, pred, False) for ref, pred in pairs], budget=maj_budget, options=options)
+        n_pairs += len(pairs)
+        table = {pair: g.correct for pair, g in zip(pairs, eq)}
+        undecided = {p for pair, g in zip(pairs, eq) if g.status == STATUS_OVER_BUDGET for p in pair}
+        if undecided:
+            log.warning("problem %s: Maj@N clustering ran out of its %.0fs budget; %d of %d distinct predictions "
+                        "join the INVALID cluster", pid, maj_budget, len(undecided), len(set(preds) - {None}))
+        equivalent = lambda ref, pred, table=table: table.get((ref, pred), False)  # noqa: E731
+        m = metrics_from_grades(preds, list(correct[grp.index]), equivalent, undecided=undecided)
+        lab, winner = maj_clusters([p is not None and p not in undecided for p in preds],
+                                   lambda i, j: equivalent(preds[j], preds[i]))
+        labels.update(zip(grp.index, lab))
+        rows.append({"problem_id": pid, "n": len(grp), "gold": gold[pid], "maj_winner": winner,
+                     "maj_over_budget": len(undecided), **m})
+    return grades, labels, pd.DataFrame(rows)
 
-    Returns (graded samples, per-problem metrics). All gold comparisons are sent to the pool as one
-    batch (identical pairs graded once); each problem's Maj@N clustering comparisons are one batch
-    with a wall-clock budget of ``maj_budget`` seconds (``grading.maj_budget``; ``None``: no budget):
-    a prediction with a comparison left ungraded when it runs out joins the INVALID cluster, so one
-    problem of hostile outputs (N^2 grades of up to ``grading.timeout`` each) cannot stall the job.
+
+def grade_generations(generations: pd.DataFrame, benchmark: pd.DataFrame, pool: GraderPool,
+                      maj_budget: float | None = None, graders: dict[str, GradingOptions] | None = None,
+                      verdicts: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, pd.DataFrame]]:
+    """Grade every sample and compute every problem's metrics, with every grader in ``graders``
+    (name -> options; default: the pool's options alone, named ``verdicts`` or "default").
+
+    Returns (graded samples, per-problem metrics of the ``verdicts`` grader, per-problem metrics of
+    every grader). The graded samples carry the ``verdicts`` grader's ``correct``/``grade_status``/
+    ``maj_cluster`` and, per other grader, ``correct_<name>``. All gold comparisons of a grader go
+    to the pool as one batch (identical pairs graded once); each problem's Maj@N clustering
+    comparisons are one batch with a wall-clock budget of ``maj_budget`` seconds
+    (``grading.maj_budget``; ``None``: no budget): a prediction with a comparison left ungraded when
+    it runs out joins the INVALID cluster, so one problem of hostile outputs (N^2 grades of up to
+    ``grading.timeout`` each) cannot stall the job.
     """
+    verdicts = verdicts or "default"
+    graders = graders or {verdicts: pool.options}
+    if verdicts not in graders:
+        raise ValueError(f"verdicts grader {verdicts!r} is not among the graders {sorted(graders)}")
     gold = benchmark.set_index("id")["answer"].astype(str)
     missing = set(generations["problem_id"]) - set(gold.index)
     if missing:
@@ -34,33 +70,19 @@ def grade_generations(generations: pd.DataFrame, benchmark: pd.DataFrame, pool: 
     df["formatted"] = df["extracted"].notna()
 
     t0 = time.time()
-    grades = pool.grade_pairs([(gold[pid], pred) for pid, pred in zip(df["problem_id"], df["extracted"])])
-    df["correct"] = [g.correct for g in grades]
-    df["grade_status"] = [g.status for g in grades]
-    df["grade_seconds"] = [round(g.seconds, 6) for g in grades]
-
-    rows, labels, n_pairs = [], {}, 0
-    for pid, grp in df.groupby("problem_id", sort=False):
-        preds = [p if f else None for p, f in zip(grp["extracted"], grp["formatted"])]
-        pairs = clustering_pairs(preds)
-        eq = pool.grade_pairs([(ref, pred, False) for ref, pred in pairs], budget=maj_budget)
-        n_pairs += len(pairs)
-        table = {pair: g.correct for pair, g in zip(pairs, eq)}
-        undecided = {p for pair, g in zip(pairs, eq) if g.status == STATUS_OVER_BUDGET for p in pair}
-        if undecided:
-            log.warning("problem %s: Maj@N clustering ran out of its %.0fs budget; %d of %d distinct predictions "
-                        "join the INVALID cluster", pid, maj_budget, len(undecided), len(set(preds) - {None}))
-        equivalent = lambda ref, pred, table=table: table.get((ref, pred), False)  # noqa: E731
-        m = metrics_from_grades(preds, list(grp["correct"]), equivalent, undecided=undecided)
-        lab, winner = maj_clusters([p is not None and p not in undecided for p in preds],
-                                   lambda i, j: equivalent(preds[j], preds[i]))
-        for idx, label in zip(grp.index, lab):
-            labels[idx] = label
-        rows.append({"problem_id": pid, "n": len(grp), "gold": gold[pid], "maj_winner": winner,
-                     "maj_over_budget": len(undecided), **m})
-    log.info("graded %d samples and %d clustering pairs in %.1fs (%s)", len(df), n_pairs, time.time() - t0, pool.stats)
-    df["maj_cluster"] = pd.Series(labels)
-    return df, pd.DataFrame(rows)
+    by_grader = {}
+    for name in [verdicts] + [g for g in graders if g != verdicts]:
+        grades, labels, problems = _grade_with(df, gold, pool, graders[name], maj_budget)
+        by_grader[name] = problems
+        if name == verdicts:
+            df["correct"] = [g.correct for g in grades]
+            df["grade_status"] = [g.status for g in grades]
+            df["grade_seconds"] = [round(g.seconds, 6) for g in grades]
+            df["maj_cluster"] = pd.Series(labels)
+        else:
+            df[f"correct_{name}"] = [g.correct for g in grades]
+    log.info("graded %d samples with %d grader(s) in %.1fs (%s)", len(df), len(graders), time.time() - t0, pool.stats)
+    return df, by_grader[verdicts], by_grader
 
 
 def seed_summary(problems: pd.DataFrame) -> dict[str, float]:
@@ -69,13 +91,18 @@ def seed_summary(problems: pd.DataFrame) -> dict[str, float]:
 
 
 def grade_run(generations: pd.DataFrame, benchmark: pd.DataFrame, *, pool: GraderPool, meta: dict[str, Any],
-              maj_budget: float | None = None) -> tuple[pd.DataFrame, dict]:
-    graded, problems = grade_generations(generations, benchmark, pool, maj_budget)
+              maj_budget: float | None = None, graders: dict[str, GradingOptions] | None = None,
+              verdicts: str | None = None) -> tuple[pd.DataFrame, dict]:
+    """Graded samples and the metrics JSON of one benchmark: ``metrics_pct`` from the ``verdicts``
+    grader (what the tables show), ``metrics_pct_by_grader`` for every grader."""
+    graded, problems, by_grader = grade_generations(generations, benchmark, pool, maj_budget, graders, verdicts)
     summary = {
         **meta,
         "num_problems": int(len(problems)),
         "num_samples": int(len(graded)),
+        "verdicts": verdicts or "default",
         "metrics_pct": seed_summary(problems),
+        "metrics_pct_by_grader": {name: seed_summary(p) for name, p in by_grader.items()},
         "grading": {"timeouts": int((graded["grade_status"] == STATUS_TIMEOUT).sum()), **pool.stats},
         "problems": problems.to_dict(orient="records"),
     }
@@ -83,10 +110,18 @@ def grade_run(generations: pd.DataFrame, benchmark: pd.DataFrame, *, pool: Grade
 
 
 def seed_table(summaries: list[dict]) -> pd.DataFrame:
-    """Tidy per-seed rows ``model, checkpoint, benchmark, seed, metric, value`` from metric JSONs."""
+    """Tidy per-seed rows ``model, checkpoint, benchmark, seed, metric, value`` from metric JSONs.
+
+    The ``verdicts`` grader's metrics keep their names (``avg``, ``pass``, ...); every other
+    grader's carry its name after a slash (``avg/corrected``), so tables read the former and the
+    reproduction report shows both."""
     rows = []
     for s in summaries:
-        for metric, value in s["metrics_pct"].items():
+        metrics = dict(s["metrics_pct"])
+        for grader, values in s.get("metrics_pct_by_grader", {}).items():
+            if grader != s.get("verdicts"):
+                metrics.update({f"{m}/{grader}": v for m, v in values.items()})
+        for metric, value in metrics.items():
             rows.append({"model": s["model"], "checkpoint": s["checkpoint"], "benchmark": s["benchmark"],
                          "seed": s["seed_name"], "metric": metric, "value": value})
     return pd.DataFrame(rows)

@@ -39,28 +39,47 @@ def save_figure(fig, table: pd.DataFrame, pdf_path: str | Path, csv_path: str | 
 
 
 def schedule_curves(schedules: dict[str, tuple[float, float, float]], points: int = 201) -> pd.DataFrame:
-    """Weight w(r) of every schedule on a grid of normalized positions r in [0, 1]."""
-    import torch
-
-    from pwopsd.training.losses import schedule_weight
+    """Weight w(r) of every schedule on a grid of normalized positions r in [0, 1] (NumPy only:
+    the figure rules run in the analysis environment, which has no torch)."""
+    from pwopsd.schedule import schedule_weight
 
     r = np.linspace(0.0, 1.0, points)
     data = {"r": r}
     for name, (w_min, tau, s) in schedules.items():
-        data[name] = schedule_weight(torch.tensor(r, dtype=torch.float64), w_min=w_min, tau=tau, s=s).numpy()
+        data[name] = schedule_weight(r, w_min=w_min, tau=tau, s=s)
     return pd.DataFrame(data)
 
 
+def fitted_band(fitted: dict, points: int) -> tuple[np.ndarray, np.ndarray]:
+    """The fitted schedule's pointwise bootstrap band (``fitted_schedule.json``) on a grid of
+    ``points`` normalized positions."""
+    c = fitted["curve"]
+    grid = np.linspace(0.0, 1.0, points)
+    return np.interp(grid, c["r"], c["low"]), np.interp(grid, c["r"], c["high"])
+
+
 def schedules_figure(schedules: dict[str, tuple[float, float, float]], pdf_path: str | Path, csv_path: str | Path,
-                     titles: dict[str, str] | None = None) -> pd.DataFrame:
+                     titles: dict[str, str] | None = None, fitted: dict[str, dict] | None = None) -> pd.DataFrame:
     """Figure 2: the PW-OPSD weight schedules with their (w_min, tau, s) knobs annotated; one
-    panel per schedule, titled by ``titles`` (default the schedule's name), one CSV column each."""
+    panel per schedule, titled by ``titles`` (default the schedule's name), one CSV column each.
+    A schedule fitted to the diagnostic (``fitted``: name -> ``fitted_schedule.json``) gets its
+    bootstrap band (CSV columns ``<name>_low``/``<name>_high``) and the hand-picked curves in grey."""
     plt = _pyplot()
 
     curves = schedule_curves(schedules)
+    for name, fit in (fitted or {}).items():
+        curves[f"{name}_low"], curves[f"{name}_high"] = fitted_band(fit, len(curves))
     fig, axes = plt.subplots(1, len(schedules), figsize=(3.0 * len(schedules), 2.6), sharey=True)
     axes = np.atleast_1d(axes)
     for ax, (name, (w_min, tau, s)) in zip(axes, schedules.items()):
+        if name in (fitted or {}):
+            level = round(100 * fitted[name]["level"])
+            ax.fill_between(curves["r"], curves[f"{name}_low"], curves[f"{name}_high"], color="C0", alpha=0.2,
+                            lw=0, label=f"{level}% bootstrap band")
+            for other in schedules:
+                if other not in fitted:
+                    ax.plot(curves["r"], curves[other], color="0.7", lw=0.8)
+            ax.legend(fontsize=7, loc="lower right")
         ax.plot(curves["r"], curves[name], color="C0", lw=2)
         ax.axhline(w_min, color="C3", ls="--", lw=1)
         ax.axvline(tau, color="C2", ls=":", lw=1)
@@ -111,10 +130,12 @@ def _failure(scored: pd.DataFrame) -> pd.DataFrame:
 
 
 def branch_auroc_figure(scored: pd.DataFrame, *, bins: int, schedule: dict | None, schedule_name: str, schedule_label: str | None = None,
-                        pdf_path: str | Path, csv_path: str | Path) -> pd.DataFrame:
+                        pdf_path: str | Path, csv_path: str | Path, fitted: dict | None = None) -> pd.DataFrame:
     """Figure 1. (A) failure rate of forced student-context continuations by quantile bins of the
     normalized position and of two entropy scores; (B) the empirical reliability (mean child
-    viability) by normalized-position bin with the PW-OPSD schedule ``w(r)`` overlaid."""
+    viability) by normalized-position bin with the PW-OPSD schedule ``w(r)`` overlaid and, when
+    given, the schedule fitted to these outcomes (``fitted_schedule.json``): its weight ``w(r)``
+    with the bootstrap band and its reliability ``v_max * w(r)``."""
     plt = _pyplot()
 
     from pwopsd.diagnostic.statistics import binned_rates
@@ -133,6 +154,11 @@ def branch_auroc_figure(scored: pd.DataFrame, *, bins: int, schedule: dict | Non
         curve = schedule_curves({schedule_name: (schedule["w_min"], schedule["tau"], schedule["s"])}, points=101)
         frames.append(pd.DataFrame({"panel": "B", "series": f"schedule {schedule_name}", "center": curve["r"],
                                     "value": curve[schedule_name]}))
+    if fitted is not None:
+        c = fitted["curve"]
+        for series, values in (("fitted w(r)", c["w"]), ("fitted w(r) band low", c["low"]), ("fitted w(r) band high", c["high"]),
+                               ("fitted reliability v_max w(r)", fitted["v_max"] * np.asarray(c["w"]))):
+            frames.append(pd.DataFrame({"panel": "B", "series": series, "center": c["r"], "value": values}))
     table = pd.concat(frames, ignore_index=True)[["panel", "series", "bin", "lo", "hi", "center", "n", "value"]]
 
     fig, (ax_a, ax_b) = plt.subplots(1, 2, figsize=(8.0, 3.0))
@@ -153,6 +179,16 @@ def branch_auroc_figure(scored: pd.DataFrame, *, bins: int, schedule: dict | Non
     sched = b[b["series"].str.startswith("schedule")]
     if len(sched):
         ax_b.plot(sched["center"], sched["value"], color="C3", ls="--", label=f"{schedule_label or schedule_name} $w(r)$")
+    if fitted is not None:
+        def series(name):
+            return b[b["series"] == name]
+        ax_b.fill_between(series("fitted w(r) band low")["center"], series("fitted w(r) band low")["value"],
+                          series("fitted w(r) band high")["value"], color="C2", alpha=0.2, lw=0)
+        p = fitted["params"]
+        ax_b.plot(series("fitted w(r)")["center"], series("fitted w(r)")["value"], color="C2",
+                  label=f"fitted $w(r)$ ({p['w_min']:.2f}, {p['tau']:.2f}, {p['s']:.2f})")
+        ax_b.plot(series("fitted reliability v_max w(r)")["center"], series("fitted reliability v_max w(r)")["value"],
+                  color="C2", ls=":", lw=1, label="fitted reliability $v_{\\max} w(r)$")
     ax_b.set_xlabel("normalized position $\\widetilde r$")
     ax_b.set_ylabel("reliability / weight")
     ax_b.set_xlim(0, 1)

@@ -12,6 +12,11 @@ Agreement rules (docs/cluster.md, "Reading the reproduction report"):
 
 Rows whose run was not reproduced (e.g. tiny mode, where the models and benchmarks differ) show
 the reproduced side only and say so.
+
+Numbers are compared as the configuration produces them: the ``grading.verdicts`` grader's (the
+reference grader in paper mode) and Table 1 in ``diagnostic.scores.orientation``. The other graders'
+values (metrics ``avg/<grader>``, ...) and Table 1's other orientation (``residual_auroc/<orientation>``)
+are shown beside each row, so a reader sees what the grader fixes change.
 """
 
 from __future__ import annotations
@@ -39,11 +44,31 @@ def reproduced_values(summary: pd.DataFrame, branch: dict | None, *, diagnostic_
                                                               "n_seeds"]].copy()
     rows["ci_low"], rows["ci_high"] = np.nan, np.nan
     if branch is not None and branch.get("status") == "ok":
-        extra = pd.DataFrame([{"model": diagnostic_model, "method": s["score"], "benchmark": "branch_viability",
-                               "metric": "residual_auroc", "mean": s["auroc"], "std": np.nan, "n_seeds": np.nan,
-                               "ci_low": s["ci_low"], "ci_high": s["ci_high"]} for s in branch["scores"]])
-        rows = pd.concat([rows, extra], ignore_index=True)
+        chosen = branch.get("orientation")
+        extra = []
+        for s in branch["scores"]:
+            base = {"model": diagnostic_model, "method": s["score"], "benchmark": "branch_viability", "std": np.nan,
+                    "n_seeds": np.nan}
+            extra.append({**base, "metric": "residual_auroc", "mean": s["auroc"], "ci_low": s["ci_low"], "ci_high": s["ci_high"]})
+            for o in ("raw", "folded"):
+                if o != chosen and s.get(f"auroc_{o}") is not None:
+                    extra.append({**base, "metric": f"residual_auroc/{o}", "mean": s[f"auroc_{o}"],
+                                  "ci_low": s[f"ci_low_{o}"], "ci_high": s[f"ci_high_{o}"]})
+        rows = pd.concat([rows, pd.DataFrame(extra)], ignore_index=True)
     return rows
+
+
+def beside(reproduced: pd.DataFrame, model: str, method: str, benchmark: str, metric: str) -> str:
+    """The same number from the other graders (``metric/<grader>``) or Table 1's other orientation,
+    as ``name: value`` (empty when there is none)."""
+    rows = reproduced[(reproduced["model"] == model) & (reproduced["method"] == method)
+                      & (reproduced["benchmark"] == benchmark) & reproduced["metric"].str.startswith(metric + "/")]
+    parts = []
+    for _, r in rows.iterrows():
+        value = (f"{r['mean']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if metric == "residual_auroc"
+                 else _fmt(r["mean"], r["std"]))
+        parts.append(f"{r['metric'].split('/', 1)[1]}: {value}")
+    return "; ".join(parts)
 
 
 def _agrees(r) -> bool | None:
@@ -89,8 +114,8 @@ def render_markdown(comparison: pd.DataFrame, reproduced: pd.DataFrame, *, title
                   f"{int((agree == True).sum())} agree within the across-seed spread "  # noqa: E712
                   f"(|Δ| ≤ 2·sqrt(s_paper² + s_repro²); Table 1: overlapping 95% CIs).**", ""]
         for table, part in comparison[paired].groupby("paper_table", sort=True):
-            lines += [f"## {table}", "", "| model | method | benchmark | metric | paper | reproduced | Δ | within spread |",
-                      "|---|---|---|---|---|---|---|---|"]
+            lines += [f"## {table}", "", "| model | method | benchmark | metric | paper | reproduced | Δ | within spread | beside |",
+                      "|---|---|---|---|---|---|---|---|---|"]
             for _, r in part.iterrows():
                 if r["metric"] == "residual_auroc":
                     paper = f"{r['mean']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
@@ -98,8 +123,9 @@ def render_markdown(comparison: pd.DataFrame, reproduced: pd.DataFrame, *, title
                 else:
                     paper, repro = _fmt(r["mean"], r["std"]), _fmt(r["reproduced"], r["reproduced_std"])
                 flag = {True: "yes", False: "**no**", None: "n/a"}[r["within_spread"]]
+                other = beside(reproduced, r["model"], r["method"], r["benchmark"], r["metric"])
                 lines.append(f"| {r['model']} | {r['method']} | {r['benchmark']} | {r['metric']} | {paper} | {repro} | "
-                             f"{r['difference']:+.2f} | {flag} |")
+                             f"{r['difference']:+.2f} | {flag} | {other} |")
             lines.append("")
         missing = comparison[~paired]
         if len(missing):
@@ -108,11 +134,14 @@ def render_markdown(comparison: pd.DataFrame, reproduced: pd.DataFrame, *, title
     else:
         lines += ["**Reproduced numbers only**: none of the configured runs corresponds to a published one "
                   "(different models or benchmarks), so no paper number is placed beside them.", ""]
-    lines += ["## Reproduced numbers", "", "| model | method | benchmark | metric | reproduced (mean ± std over seeds) |",
-              "|---|---|---|---|---|"]
+    lines += ["## Reproduced numbers", "", "| model | method | benchmark | metric | reproduced (mean ± std over seeds) | beside |",
+              "|---|---|---|---|---|---|"]
     shown = reproduced[reproduced["metric"].isin(["avg", "pass", "maj", "residual_auroc"])]
     for _, r in shown.sort_values(["model", "method", "benchmark", "metric"]).iterrows():
-        lines.append(f"| {r['model']} | {r['method']} | {r['benchmark']} | {r['metric']} | {_fmt(r['mean'], r['std'])} |")
+        value = (f"{r['mean']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if r["metric"] == "residual_auroc"
+                 else _fmt(r["mean"], r["std"]))
+        lines.append(f"| {r['model']} | {r['method']} | {r['benchmark']} | {r['metric']} | {value} | "
+                     f"{beside(reproduced, r['model'], r['method'], r['benchmark'], r['metric'])} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,11 +1,19 @@
 """LaTeX tables in the paper's layouts, generated from the tidy aggregate metrics
 (``results/metrics/summary.parquet``: model, checkpoint, benchmark, metric, mean, std, n_seeds).
 
+* :func:`branch_auroc_table`: Table 1 (one row per score: residualized AUROC and its cluster-bootstrap
+  interval in the orientation ``diagnostic.scores.orientation`` selects; bold = the largest AUROC).
 * :func:`method_benchmark_table`: Tables 2 and 3 (rows: method x benchmark; columns Pass/Avg/Maj@N;
-  mean ± std; bold = column best and anything within ``bold_within`` pp of it).
+  mean ± std; bold = column best and anything within ``bold_within`` pp of it: 0.1 in Table 2,
+  0 (the exact maximum) in Table 3, as the paper bolds them).
 * :func:`cross_model_table`: Table 4 (rows: model x method; columns: Avg@N per benchmark and the
-  equal-weight benchmark mean; bold = within-model winner per column, within ``bold_within``).
+  equal-weight benchmark mean, the latter without ± std as in the paper; bold = within-model winner
+  per column, within 0.1 pp).
 * :func:`ablation_table`: Table 5 (rows: the 2x2 cells; one benchmark column; bold = column max).
+
+Each follows the paper's LaTeX line by line (environment, spacing commands, rules, one
+``\multirow`` line per group); ``tests/test_tables.py`` renders the paper's own numbers and compares
+the rows with the paper's source.
 
 Values that are missing render as ``--``. Nothing downstream parses LaTeX back.
 """
@@ -46,21 +54,28 @@ def lookup(summary: pd.DataFrame, model: str, checkpoint: str, benchmark: str, m
     return float(row["mean"].iloc[0]), float(row["std"].iloc[0])
 
 
-def _wrap(body: list[str], caption: str, label: str, colspec: str, resize: bool = False) -> str:
-    lines = ["\\begin{table}[t]", "\\centering", "\\small", f"\\caption{{{caption}}}", f"\\label{{{label}}}"]
+def _wrap(body: list[str], caption: str, label: str, colspec: str, *, resize: bool = False, width: str | None = None,
+          preamble: Sequence[str] = (), vspace: str | None = None) -> str:
+    """A ``table`` float in the paper's layout: ``preamble`` (spacing commands) after ``\small``;
+    ``width`` makes it a ``tabular*`` stretched with ``\extracolsep{\fill}``; ``vspace`` after it."""
+    lines = ["\\begin{table}[t]", "\\centering", "\\small", *preamble, f"\\caption{{{caption}}}", f"\\label{{{label}}}"]
     if resize:
         lines.append("\\resizebox{\\linewidth}{!}{%")
-    lines += [f"\\begin{{tabular}}{{{colspec}}}", "\\toprule", *body, "\\bottomrule", "\\end{tabular}"]
+    env, spec = ("tabular*", f"{{{width}}}{{@{{\\extracolsep{{\\fill}}}}{colspec}@{{}}}}") if width else ("tabular", f"{{{colspec}}}")
+    lines += [f"\\begin{{{env}}}{spec}", "\\toprule", *body, "\\bottomrule", f"\\end{{{env}}}" + ("%" if resize else "")]
     if resize:
         lines.append("}")
+    if vspace:
+        lines.append(f"\\vspace{{{vspace}}}")
     lines.append("\\end{table}")
     return "\n".join(lines) + "\n"
 
 
 def method_benchmark_table(summary, *, model: str, rows: Sequence[tuple[str, str]], benchmarks: Sequence[tuple[str, str]],
                            metrics: Sequence[str] = ("pass", "avg", "maj"), n: int = 12, caption: str, label: str,
-                           bold_within: float = 0.1, group_rule: str = "\\midrule", first_header: str = "Method") -> str:
-    """``rows``: (checkpoint, display label); ``benchmarks``: (name, display label)."""
+                           bold_within: float = 0.1, group_rule: str = "\\midrule", first_header: str = "Method",
+                           preamble: Sequence[str] = ()) -> str:
+    """Tables 2 and 3. ``rows``: (checkpoint, display label); ``benchmarks``: (name, display label)."""
     cols = {(b, m): [lookup(summary, model, ckpt, b, m) for ckpt, _ in rows] for b, _ in benchmarks for m in metrics}
     bold = {k: bold_flags([mean for mean, _ in v], bold_within) for k, v in cols.items()}
     header = " & ".join([first_header, "Benchmark"] + [METRIC_HEADERS[m].format(n=n) for m in metrics]) + " \\\\"
@@ -68,38 +83,45 @@ def method_benchmark_table(summary, *, model: str, rows: Sequence[tuple[str, str
     for i, (ckpt, name) in enumerate(rows):
         if i:
             body.append(group_rule)
-        for j, (b, blabel) in enumerate(benchmarks):
-            lead = f"\\multirow{{{len(benchmarks)}}}{{*}}{{{name}}}" if j == 0 else ""
+        body.append(f"\\multirow{{{len(benchmarks)}}}{{*}}{{{name}}}")
+        for b, blabel in benchmarks:
             cells = [cell(*cols[(b, m)][i], bold=bold[(b, m)][i]) for m in metrics]
-            body.append(" & ".join([lead, blabel] + cells) + " \\\\")
-    return _wrap(body, caption, label, "ll" + "c" * len(metrics))
+            body.append(" & ".join(["", blabel] + cells) + " \\\\")
+    return _wrap(body, caption, label, "ll" + "c" * len(metrics), preamble=preamble, vspace="-0.3cm")
 
 
 def cross_model_table(summary, *, models: Sequence[tuple[str, str]], methods: Sequence[tuple[str, str]],
                       benchmarks: Sequence[tuple[str, str]], metric: str = "avg", n: int = 12, mean_label: str | None = None,
                       caption: str, label: str, bold_within: float = 0.1) -> str:
-    """Rows model x method (``methods``: (checkpoint, label)); the last column is the benchmark mean."""
+    """Table 4: rows model x method (``methods``: (checkpoint, label)), one cell a line as in the
+    paper; the last column is the equal-weight benchmark mean, shown without its std (the paper)."""
     columns = list(benchmarks) + [("mean", mean_label or METRIC_HEADERS[metric].format(n=n))]
     header = " & ".join(["Model", "Method"] + [lbl for _, lbl in columns]) + " \\\\"
     body = [header, "\\midrule"]
     for i, (model, mlabel) in enumerate(models):
         if i:
-            body.append("\\midrule")
+            body.append(f"\\cmidrule(l){{2-{2 + len(columns)}}}")
         vals = {b: [lookup(summary, model, ckpt, b, metric) for ckpt, _ in methods] for b, _ in columns}
         bold = {b: bold_flags([mean for mean, _ in v], bold_within) for b, v in vals.items()}
+        body.append(f"\\multirow{{{len(methods)}}}{{*}}{{{mlabel}}}")
         for j, (ckpt, name) in enumerate(methods):
-            lead = f"\\multirow{{{len(methods)}}}{{*}}{{{mlabel}}}" if j == 0 else ""
-            body.append(" & ".join([lead, name] + [cell(*vals[b][j], bold=bold[b][j]) for b, _ in columns]) + " \\\\")
-    return _wrap(body, caption, label, "ll" + "c" * len(columns), resize=True)
+            body.append(f"  & {name}")
+            for k, (b, _) in enumerate(columns):
+                mean, std = vals[b][j]
+                end = " \\\\" if k == len(columns) - 1 else ""
+                body.append(f"    & {cell(mean, None if b == 'mean' else std, bold=bold[b][j])}{end}")
+    return _wrap(body, caption, label, "ll" + "c" * len(columns), resize=True,
+                 preamble=["\\setlength{\\tabcolsep}{3.5pt}", "\\renewcommand{\\arraystretch}{1.05}"], vspace="-0.3cm")
 
 
 def ablation_table(summary, *, model: str, cells: Sequence[tuple[str, str]], benchmark: tuple[str, str], metric: str = "avg",
                    n: int = 12, caption: str, label: str) -> str:
+    """Table 5 (bold = the column maximum)."""
     vals = [lookup(summary, model, ckpt, benchmark[0], metric) for ckpt, _ in cells]
     bold = bold_flags([m for m, _ in vals], within=0.0)
     body = [f"Configuration & {benchmark[1]} \\\\", "\\midrule"]
     body += [f"{name} & {cell(*v, bold=b)} \\\\" for (_, name), v, b in zip(cells, vals, bold)]
-    return _wrap(body, caption, label, "lc")
+    return _wrap(body, caption, label, "lc", width="0.95\\linewidth")
 
 
 def _label(spec: dict, method: str) -> str:
@@ -119,16 +141,18 @@ def render_table(summary, spec: dict, benchmarks: Sequence[str]) -> str:
             caption = (f"{mlabel} results. Entries report mean $\\pm$ standard deviation across evaluation seeds. "
                        "Bold marks the best value for each benchmark--metric column and any value within 0.1 pp of the leader.")
             return method_benchmark_table(summary, model=model, rows=rows, benchmarks=bl, n=n, caption=caption,
-                                          label="tab:main-4b")
+                                          label="tab:main-4b", preamble=["\\setlength{\\tabcolsep}{4.5pt}"])
         caption = (f"Position-schedule sweep on {mlabel}. Mean $\\pm$ standard deviation across evaluation seeds; "
                    "bold marks the best value for each benchmark--metric column within the sweep.")
         return method_benchmark_table(summary, model=model, rows=rows, benchmarks=bl, n=n, caption=caption,
-                                      label="tab:pwopsd-ablation", group_rule="\\cmidrule(l){2-5}", first_header="Config")
+                                      label="tab:pwopsd-ablation", group_rule="\\cmidrule(l){2-5}", first_header="Config",
+                                      bold_within=0.0)
     if kind == "cross_model":
         models = [(m, spec["model_labels"].get(m, m)) for m in spec["models"]]
-        caption = ("Cross-model Avg@" + str(n) + " of the methods. Mean $\\pm$ across-seed sample standard deviation; "
-                   "the last column is the equal-weight mean across the benchmarks, computed from unrounded seed-level "
-                   "values. Bold marks the within-model winner in each column, including values within 0.1 pp.")
+        caption = ("Cross-model Avg@" + str(n) + " of the methods. Entries report mean $\\pm$ across-seed sample standard "
+                   "deviation; the Avg@" + str(n) + " column is the equal-weight mean across the benchmarks, computed from "
+                   "unrounded seed-level values. Bold marks the within-model winner in each numeric column, including "
+                   "values within 0.1 pp of the leader.")
         return cross_model_table(summary, models=models, methods=[(m, _label(spec, m)) for m in spec["methods"]],
                                  benchmarks=bl, n=n, caption=caption, label="tab:cross-model")
     if kind == "ablation":
@@ -159,13 +183,15 @@ def branch_auroc_table(summary: dict, *, model_label: str) -> str:
         + " and to high-truncated-entropy candidate positions "
         f"(${c['correct_spines']}$ of ${c['problems']}$ spines correct; ${c['gray']}$ gray candidates excluded). "
         "For position, the scored feature is $1-\\widetilde r$, so larger values correspond to earlier tokens. "
-        f"Cluster-bootstrap ${level}\\%$ CIs are computed over problems."
+        f"Cluster-bootstrap ${level}\\%$ CIs are computed over problems"
+        + (" (folded: every AUROC and bootstrap draw is shown as $\\max(A, 1-A)$)." if summary.get("orientation") == "folded"
+           else ".")
     )
     if not ok:
         caption += f" \\textbf{{Not computable: {summary['status']}.}}"
     aurocs = [row["auroc"] for row in summary["scores"]]
     flags = bold_flags([a if a is not None else float("nan") for a in aurocs], within=0.0)
-    body = [f"score (residualized within problem) & residual AUROC & ${level}\\%$ CI\\\\", "\\midrule"]
+    body = [f"score (residualized within problem) & residual AUROC & {level}\\% CI\\\\", "\\midrule"]
     for row, bold in zip(summary["scores"], flags):
         if row["auroc"] is None:
             body.append(f"{row['label']} & n/a & n/a\\\\")
@@ -175,4 +201,4 @@ def branch_auroc_table(summary: dict, *, model_label: str) -> str:
         if bold:
             a, ci = f"\\mathbf{{{a}}}", (f"\\mathbf{{{ci}}}" if ci != "n/a" else ci)
         body.append(f"{row['label']} & ${a}$ & ${ci}$\\\\" if ci != "n/a" else f"{row['label']} & ${a}$ & n/a\\\\")
-    return _wrap(body, caption, "tab:branch-auroc", "lcc")
+    return _wrap(body, caption, "tab:branch-auroc", "lcc", width="0.95\\linewidth", vspace="-0.5cm")

@@ -31,8 +31,8 @@ def _answer_checker(grading: dict):
     """Rollout accuracy for the training log, graded with the configured grader (``grading``)."""
     from pwopsd.evaluation.grading import GraderPool, extract_boxed, pool_settings
 
-    timeout, _, options = pool_settings(grading)
-    pool = GraderPool(workers=1, timeout=timeout, options=options)
+    gs = pool_settings(grading)
+    pool = GraderPool(workers=1, timeout=gs.timeout, options=gs.options)
 
     def check(texts, answers):
         return [g.correct for g in pool.grade_pairs([(a, extract_boxed(t)) for t, a in zip(texts, answers)])]
@@ -46,7 +46,8 @@ class LaunchError(RuntimeError):
 
 # Modules whose code decides what a training step computes: a change restarts runs rather than
 # resuming them with a mix of two versions.
-TRAINING_MODULES = ("training/loop", "training/chunked", "training/losses", "prompts", "generation/hf_backend", "training/job")
+TRAINING_MODULES = ("training/loop", "training/chunked", "training/losses", "schedule", "prompts", "generation/hf_backend",
+                    "training/job")
 
 
 def model_identity(manifest: dict) -> dict:

@@ -28,6 +28,9 @@ import math
 import torch
 import torch.nn.functional as F
 
+from pwopsd.schedule import schedule_weight
+
+
 def normalized_positions(mask: torch.Tensor) -> torch.Tensor:
     """``r = (k - 0.5) / L_i`` for the k-th valid token of row i (k = 1..L_i); 0 elsewhere."""
     m = mask.to(torch.float32)
@@ -36,9 +39,6 @@ def normalized_positions(mask: torch.Tensor) -> torch.Tensor:
     return torch.clamp(k - 0.5, min=0.0) * m / lengths
 
 
-def schedule_weight(r: torch.Tensor, *, w_min: float, tau: float, s: float) -> torch.Tensor:
-    """The PW-OPSD schedule ``w(r) = w_min + (1 - w_min) * sigmoid((r - tau) / s)``."""
-    return w_min + (1.0 - w_min) * torch.sigmoid((r - tau) / max(s, 1e-6))
 
 
 def position_weights(mask: torch.Tensor, *, w_min: float, tau: float, s: float) -> torch.Tensor:
