@@ -107,3 +107,12 @@ def test_generation_seeds_per_job(paper):
     assert settings.generation_seeds(paper, W(seed="2")) == {"2": 2}
     assert settings.generation_seeds(paper, W()) == {"main": None, "1": 1, "2": 2}  # seeds_per_job: all (no wildcard)
     assert settings.seeds_per_job(paper) == "one"
+
+
+def test_the_fitted_schedules_chain_goes_first(paper):
+    """The diagnostic -> fit -> train -> evaluation chain is the DAG's longest path: its jobs get a
+    scheduling priority, every other run none (priorities order ready jobs only)."""
+    assert settings.chain_priority(paper, W(model="qwen3_4b", method="pwopsd_fitted")) == settings.DIAGNOSTIC_PRIORITY > 0
+    assert settings.chain_priority(paper, W(model="qwen3_4b", checkpoint="pwopsd_fitted", seed="1")) > 0
+    assert settings.chain_priority(paper, W(model="qwen3_4b", method="opsd")) == 0
+    assert settings.chain_priority(paper, W(model="qwen3_4b", checkpoint="base", seed="1")) == 0

@@ -71,6 +71,18 @@ def generation_seeds(cfg: dict, wc) -> dict[str, int | None]:
     return {name: C.sampling_seed(cfg, name) for name in names}
 
 
+DIAGNOSTIC_PRIORITY = 10
+
+
+def chain_priority(cfg: dict, wc) -> int:
+    """Scheduling priority of a train/merge/generate/grade job: the runs of a method fitted to the
+    diagnostic sit at the end of the DAG's longest path (diagnostic -> fit -> train -> evaluation),
+    so they go first among ready jobs, as the diagnostic's phases do (``DIAGNOSTIC_PRIORITY``).
+    Priorities only order ready jobs; they change no result."""
+    name = getattr(wc, "method", None) or getattr(wc, "checkpoint", None)
+    return DIAGNOSTIC_PRIORITY if name in C.fitted_methods(cfg) else 0
+
+
 def job_seeds(cfg: dict, wc) -> list[str]:
     """The seed names a generate or grade job covers, in its outputs' order (see :func:`generation_seeds`)."""
     return list(generation_seeds(cfg, wc))

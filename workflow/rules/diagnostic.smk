@@ -8,7 +8,9 @@
 #   G -> fit_schedule (beyond the paper) -> train of `schedule_from: diagnostic` methods, Figures 1B and 2
 #
 # A and E sample with the generation backend (vllm on the cluster, hf in tiny mode); B and D are
-# HF forwards. Each rule's params hold exactly the settings its phase reads.
+# HF forwards. Each rule's params hold exactly the settings its phase reads. The phases have a
+# scheduling priority (settings.DIAGNOSTIC_PRIORITY, as the fitted method's train/evaluation jobs,
+# settings.chain_priority): they lie on the DAG's longest path, so they start first among ready jobs.
 
 
 localrules:
@@ -30,6 +32,7 @@ rule spines:
     threads: config_param(settings.generation_threads)
     resources:
         gpu=config_param(settings.gpus, "generate"),
+    priority: settings.DIAGNOSTIC_PRIORITY
     log:
         "logs/diagnostic/{model}/spines.log",
     benchmark:
@@ -51,6 +54,7 @@ rule teacher_pass:
     threads: config_param(settings.generation_threads)
     resources:
         gpu=config_param(settings.gpus, "forward"),
+    priority: settings.DIAGNOSTIC_PRIORITY
     log:
         "logs/diagnostic/{model}/teacher_pass.log",
     benchmark:
@@ -70,6 +74,7 @@ rule candidates:
         candidates="results/diagnostic/{model}/candidates.parquet",
     params:
         settings=config_param(settings.diagnostic, "candidates", "teacher_pass"),
+    priority: settings.DIAGNOSTIC_PRIORITY
     log:
         "logs/diagnostic/{model}/candidates.log",
     benchmark:
@@ -92,6 +97,7 @@ rule mc_dropout:
     threads: config_param(settings.generation_threads)
     resources:
         gpu=config_param(settings.gpus, "forward"),
+    priority: settings.DIAGNOSTIC_PRIORITY
     log:
         "logs/diagnostic/{model}/mc_dropout.log",
     benchmark:
@@ -115,6 +121,7 @@ rule forced_continuation:
     threads: config_param(settings.generation_threads)
     resources:
         gpu=config_param(settings.gpus, "generate"),
+    priority: settings.DIAGNOSTIC_PRIORITY
     log:
         "logs/diagnostic/{model}/forced_continuation.log",
     benchmark:
@@ -136,6 +143,7 @@ rule viability_labels:
         settings=config_param(settings.diagnostic, "labels"),
         grading=config_param(settings.grading),
     threads: config_param(settings.grading_workers)
+    priority: settings.DIAGNOSTIC_PRIORITY
     log:
         "logs/diagnostic/{model}/viability_labels.log",
     benchmark:
@@ -157,6 +165,7 @@ rule branch_scores:
         summary="results/diagnostic/{model}/branch_auroc.json",
     params:
         settings=config_param(settings.diagnostic, "scores", "labels", "teacher_pass"),
+    priority: settings.DIAGNOSTIC_PRIORITY
     log:
         "logs/diagnostic/{model}/branch_scores.log",
     benchmark:
@@ -176,6 +185,7 @@ rule fit_schedule:
         schedule="results/diagnostic/{model}/fitted_schedule.json",
     params:
         settings=config_param(settings.diagnostic, "fit_schedule", "scores"),
+    priority: settings.DIAGNOSTIC_PRIORITY
     log:
         "logs/diagnostic/{model}/fit_schedule.log",
     benchmark:
