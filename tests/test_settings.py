@@ -110,9 +110,11 @@ def test_generation_seeds_per_job(paper):
 
 
 def test_the_fitted_schedules_chain_goes_first(paper):
-    """The diagnostic -> fit -> train -> evaluation chain is the DAG's longest path: its jobs get a
-    scheduling priority, every other run none (priorities order ready jobs only)."""
-    assert settings.chain_priority(paper, W(model="qwen3_4b", method="pwopsd_fitted")) == settings.DIAGNOSTIC_PRIORITY > 0
-    assert settings.chain_priority(paper, W(model="qwen3_4b", checkpoint="pwopsd_fitted", seed="1")) > 0
-    assert settings.chain_priority(paper, W(model="qwen3_4b", method="opsd")) == 0
-    assert settings.chain_priority(paper, W(model="qwen3_4b", checkpoint="base", seed="1")) == 0
+    """Chain heads first (train before merge before generate before grade), and the diagnostic ->
+    fit -> train -> evaluation chain, the DAG's longest path, before any other run (priorities order
+    ready jobs only)."""
+    fitted = settings.chain_priority(paper, W(model="qwen3_4b", method="pwopsd_fitted"), 3)
+    assert fitted == settings.DIAGNOSTIC_PRIORITY + 3
+    assert settings.chain_priority(paper, W(model="qwen3_4b", checkpoint="pwopsd_fitted", seed="1"), 0) == settings.DIAGNOSTIC_PRIORITY
+    assert settings.chain_priority(paper, W(model="qwen3_4b", method="opsd"), 3) == 3
+    assert settings.chain_priority(paper, W(model="qwen3_4b", checkpoint="base", seed="1"), 0) == 0

@@ -74,13 +74,15 @@ def generation_seeds(cfg: dict, wc) -> dict[str, int | None]:
 DIAGNOSTIC_PRIORITY = 10
 
 
-def chain_priority(cfg: dict, wc) -> int:
-    """Scheduling priority of a train/merge/generate/grade job: the runs of a method fitted to the
-    diagnostic sit at the end of the DAG's longest path (diagnostic -> fit -> train -> evaluation),
-    so they go first among ready jobs, as the diagnostic's phases do (``DIAGNOSTIC_PRIORITY``).
-    Priorities only order ready jobs; they change no result."""
+def chain_priority(cfg: dict, wc, jobs_after: int) -> int:
+    """Scheduling priority of a job of the train -> merge_adapter -> generate -> grade chain, with
+    ``jobs_after`` jobs of the chain after it: heads first (``train`` 3 ... ``grade`` 0), so that
+    long chains start early and the run does not end on one chain while the other cores idle; the
+    runs of a method fitted to the diagnostic sit at the end of the DAG's longest path (diagnostic
+    -> fit -> train -> evaluation), so they get ``DIAGNOSTIC_PRIORITY`` on top, as the diagnostic's
+    phases do. Priorities only order ready jobs; they change no result."""
     name = getattr(wc, "method", None) or getattr(wc, "checkpoint", None)
-    return DIAGNOSTIC_PRIORITY if name in C.fitted_methods(cfg) else 0
+    return jobs_after + (DIAGNOSTIC_PRIORITY if name in C.fitted_methods(cfg) else 0)
 
 
 def job_seeds(cfg: dict, wc) -> list[str]:

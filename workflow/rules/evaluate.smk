@@ -19,7 +19,7 @@ rule grade:
         benchmarks=config_param(settings.benchmarks),
         seeds=config_param(settings.job_seeds),
     threads: config_param(settings.grading_workers)
-    priority: config_param(settings.chain_priority)
+    priority: config_param(settings.chain_priority, 0)
     log:
         f"logs/grade/{{model}}/{{checkpoint}}/seed-{GENERATION_SEED_NAME}.log",
     benchmark:

@@ -27,7 +27,7 @@ rule generate:
     threads: config_param(settings.generation_threads)
     resources:
         gpu=config_param(settings.gpus, "generate"),
-    priority: config_param(settings.chain_priority)
+    priority: config_param(settings.chain_priority, 1)
     log:
         f"logs/generate/{{model}}/{{checkpoint}}/seed-{GENERATION_SEED_NAME}.log",
     benchmark:

@@ -22,7 +22,7 @@ rule train:
     threads: config_param(settings.training_threads)
     resources:
         gpu=config_param(settings.gpus, "train"),
-    priority: config_param(settings.chain_priority)
+    priority: config_param(settings.chain_priority, 3)
     log:
         "logs/train/{model}/{method}.log",
     benchmark:
@@ -43,7 +43,7 @@ rule merge_adapter:
     params:
         dtype=config_param(settings.dtype),
         eval_step=config_param(settings.eval_step),
-    priority: config_param(settings.chain_priority)
+    priority: config_param(settings.chain_priority, 2)
     log:
         "logs/merge_adapter/{model}/{method}.log",
     benchmark:

@@ -21,12 +21,11 @@ def _grade_with(df: pd.DataFrame, gold: pd.Series, pool: GraderPool, options: Gr
     label per row index, per-problem metrics)."""
     grades = pool.grade_pairs([(gold[pid], pred) for pid, pred in zip(df["problem_id"], df["extracted"])], options=options)
     correct = pd.Series([g.correct for g in grades], index=df.index)
-    rows, labels, n_pairs = [], {}, 0
+    rows, labels = [], {}
     for pid, grp in df.groupby("problem_id", sort=False):
         preds = [p if f else None for p, f in zip(grp["extracted"], grp["formatted"])]
         pairs = clustering_pairs(preds)
         eq = pool.grade_pairs([(ref, pred, False) for ref, pred in pairs], budget=maj_budget, options=options)
-        n_pairs += len(pairs)
         table = {pair: g.correct for pair, g in zip(pairs, eq)}
         undecided = {p for pair, g in zip(pairs, eq) if g.status == STATUS_OVER_BUDGET for p in pair}
         if undecided:
