@@ -79,14 +79,14 @@ def schedules_figure(schedules: dict[str, tuple[float, float, float]], pdf_path:
             for other in schedules:
                 if other not in fitted:
                     ax.plot(curves["r"], curves[other], color="0.7", lw=0.8)
-            ax.legend(fontsize=7, loc="lower right")
+            ax.legend(fontsize=7, loc="center left")
         ax.plot(curves["r"], curves[name], color="C0", lw=2)
         ax.axhline(w_min, color="C3", ls="--", lw=1)
         ax.axvline(tau, color="C2", ls=":", lw=1)
         ax.axvspan(max(0.0, tau - 2 * s), min(1.0, tau + 2 * s), color="C2", alpha=0.08)
-        ax.annotate(f"$w_{{\\min}}={w_min:g}$", (0.98, w_min), xytext=(0, 4), textcoords="offset points", ha="right", fontsize=8, color="C3")
-        ax.annotate(f"$\\tau={tau:g}$", (tau, 0.02), xytext=(3, 0), textcoords="offset points", fontsize=8, color="C2")
-        ax.annotate(f"$s={s:g}$ (width)", (tau, 0.5), xytext=(3, 0), textcoords="offset points", fontsize=8, color="C2")
+        ax.annotate(f"$w_{{\\min}}={w_min:.3g}$", (0.98, w_min), xytext=(0, 4), textcoords="offset points", ha="right", fontsize=8, color="C3")
+        ax.annotate(f"$\\tau={tau:.3g}$", (tau, 0.02), xytext=(3, 0), textcoords="offset points", fontsize=8, color="C2")
+        ax.annotate(f"$s={s:.3g}$ (width)", (tau, 0.5), xytext=(3, 0), textcoords="offset points", fontsize=8, color="C2")
         ax.set_title((titles or {}).get(name, name), fontsize=10)
         ax.set_xlabel("normalized position $r$")
         ax.set_xlim(0, 1)
