@@ -26,10 +26,10 @@ def load(model_dir: str | None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         return AutoModelForCausalLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
-    from pwopsd.tiny.model import TinyBuildConfig, build_model, build_tokenizer, tokenizer_corpus
+    from pwopsd.tiny.model import TinyBuildConfig, build_model, tiny_tokenizer
 
     cfg = TinyBuildConfig()
-    tok = build_tokenizer(tokenizer_corpus(cfg, n=600), cfg.vocab_size)
+    tok = tiny_tokenizer(cfg, corpus_size=600)
     return build_model(cfg, tok).eval(), tok
 
 

@@ -62,10 +62,11 @@ def require_shared(path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    from pwopsd.tiny.model import TinyBuildConfig, build_tokenizer, tokenizer_corpus
+    from pwopsd.tiny.model import TinyBuildConfig
+    from pwopsd.tiny.model import tiny_tokenizer as build
 
     cfg = TinyBuildConfig()
-    return build_tokenizer(tokenizer_corpus(cfg, n=600), cfg.vocab_size)
+    return build(cfg, corpus_size=600)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ def main(snakemake):
     fit["provenance"] = provenance(phase="fit_schedule", model=model)
     write_json(fit, snakemake.output.schedule)
     log.info("%s: w_min %.3f, tau %.3f, s %.3f (v_max %.3f); %s", model, *fit["params"].values(), fit["v_max"],
-             {k: [round(v, 3) for v in ci] for k, ci in fit["ci"].items()})
+             {k: [None if v is None else round(v, 3) for v in ci] for k, ci in fit["ci"].items()})
 
 
 if __name__ == "__main__":

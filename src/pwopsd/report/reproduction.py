@@ -65,9 +65,7 @@ def beside(reproduced: pd.DataFrame, model: str, method: str, benchmark: str, me
                       & (reproduced["benchmark"] == benchmark) & reproduced["metric"].str.startswith(metric + "/")]
     parts = []
     for _, r in rows.iterrows():
-        value = (f"{r['mean']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if metric == "residual_auroc"
-                 else _fmt(r["mean"], r["std"]))
-        parts.append(f"{r['metric'].split('/', 1)[1]}: {value}")
+        parts.append(f"{r['metric'].split('/', 1)[1]}: {_value(r, metric)}")
     return "; ".join(parts)
 
 
@@ -105,6 +103,13 @@ def _fmt(mean, std=None, digits=2) -> str:
     return f"{mean:.{digits}f}" + ("" if std is None or pd.isna(std) else f" ± {std:.{digits}f}")
 
 
+def _value(r, metric: str) -> str:
+    """A reproduced row's number as shown: AUROC [CI] for Table 1, mean ± std otherwise."""
+    if metric == "residual_auroc":
+        return f"{r['mean']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+    return _fmt(r["mean"], r["std"])
+
+
 def render_markdown(comparison: pd.DataFrame, reproduced: pd.DataFrame, *, title_note: str) -> str:
     lines = ["# Reproduction report", "", title_note, ""]
     paired = comparison["reproduced"].notna()
@@ -138,9 +143,7 @@ def render_markdown(comparison: pd.DataFrame, reproduced: pd.DataFrame, *, title
               "|---|---|---|---|---|---|"]
     shown = reproduced[reproduced["metric"].isin(["avg", "pass", "maj", "residual_auroc"])]
     for _, r in shown.sort_values(["model", "method", "benchmark", "metric"]).iterrows():
-        value = (f"{r['mean']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if r["metric"] == "residual_auroc"
-                 else _fmt(r["mean"], r["std"]))
-        lines.append(f"| {r['model']} | {r['method']} | {r['benchmark']} | {r['metric']} | {value} | "
+        lines.append(f"| {r['model']} | {r['method']} | {r['benchmark']} | {r['metric']} | {_value(r, r['metric'])} | "
                      f"{beside(reproduced, r['model'], r['method'], r['benchmark'], r['metric'])} |")
     return "\n".join(lines) + "\n"
 

@@ -6,18 +6,16 @@ import logging
 import time
 from pathlib import Path
 
-from pwopsd import prompts
 from pwopsd.io import atomic_path, write_json
 from pwopsd.runtime import versions
 from pwopsd.tiny.model import (
     TinyBuildConfig,
     TinyModelCheckError,
     build_model,
-    build_tokenizer,
     check_dev_accuracy,
     dev_accuracy,
     pretrain,
-    tokenizer_corpus,
+    tiny_tokenizer,
 )
 
 log = logging.getLogger(__name__)
@@ -26,7 +24,7 @@ log = logging.getLogger(__name__)
 def build_tiny_model(*, name: str, settings: dict, model_dir: str, manifest_path: str, report_path: str) -> dict:
     cfg = TinyBuildConfig.from_dict(settings)
     t0 = time.time()
-    tokenizer = build_tokenizer(tokenizer_corpus(cfg), cfg.vocab_size, prompts.fixed_phrases())
+    tokenizer = tiny_tokenizer(cfg)
     model = build_model(cfg, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("tiny model %s: %d parameters, vocabulary %d", name, n_params, len(tokenizer))

@@ -120,6 +120,12 @@ def tokenizer_corpus(cfg: TinyBuildConfig, n: int = 3000) -> list[str]:
     return texts
 
 
+def tiny_tokenizer(cfg: TinyBuildConfig, corpus_size: int = 3000):
+    """The tiny model's tokenizer: a byte-level BPE on :func:`tokenizer_corpus` plus the prompt
+    templates' constant sentences as single tokens (:func:`pwopsd.prompts.fixed_phrases`)."""
+    return build_tokenizer(tokenizer_corpus(cfg, corpus_size), cfg.vocab_size, prompts.fixed_phrases())
+
+
 def build_model(cfg: TinyBuildConfig, tokenizer):
     import torch
 
