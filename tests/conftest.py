@@ -1,3 +1,4 @@
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -10,6 +11,10 @@ BENCHMARKS = SHARED / "data" / "benchmarks"
 SPEC = SHARED / "spec"
 
 sys.path.insert(0, str(REPO / "src"))
+
+# tests/vllm_cpu executes vLLM: collected only where it is importable (the CPU vLLM environment,
+# which tests/test_vllm_cpu.py builds and runs them in).
+collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm_cpu"]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -62,6 +62,8 @@ MISTAKES = [
     ("unknown source kind", ["benchmarks", "math500", "source", "kind"], "s3", False, "benchmarks.math500.source.kind", "is not one of"),
     ("bad model name", ["models", "Qwen-4B"], {"hf_id": "a/b", "dtype": "bfloat16", "gpus": {"generate": 1, "train": 1, "forward": 1}}, False, "models", "not a valid name"),
     ("tp x dp != gpus", ["models", "qwen3_4b", "vllm", "tensor_parallel_size"], 2, False, "models.qwen3_4b.vllm", "must equal"),
+    ("in-process vLLM with TP 4", ["models", "qwen3_4b", "vllm", "in_process"], True, False, "models.qwen3_4b.vllm.in_process", "needs tensor_parallel_size 1"),
+    ("KV cache of 0 GiB", ["models", "qwen3_4b", "vllm", "kv_cache_memory_gib"], 0, False, "models.qwen3_4b.vllm.kv_cache_memory_gib", "less than or equal to the minimum"),
     ("hf_id and built_by", ["models", "qwen3_4b", "built_by"], "tiny", False, "models.qwen3_4b", "exactly one"),
     ("eval model not configured", ["evaluation", "models"], ["qwen3_4b", "llama"], False, "evaluation.models.1", "not a configured model"),
     ("prompt room", ["evaluation", "max_new_tokens"], 40960, False, "evaluation.max_new_tokens", "no room"),
@@ -232,3 +234,20 @@ def test_a_method_without_params_gets_its_loss_defaults(paper):
     got = validate_config(cfg)["methods"]
     assert got["eopd_plain"]["params"] == {"entropy_threshold": 0.8, "top_k": 16, "ppo_eps": 0.2}
     assert got["reopold_plain"]["params"] == {"lam": 0.1, "beta": 0.2, "t_switch": 50}
+
+
+def test_tiny_mode_through_vllm_needs_the_cpu_kv_cache_setting():
+    """vLLM on CPU (gpus.generate 0) is allowed; without kv_cache_memory_gib it would size its KV
+    cache as 0.9 of the CPU memory and fail at start, so the config check names the key first."""
+    import yaml
+
+    tiny = yaml.safe_load((REPO / "tiny" / "config" / "config.yaml").read_text())
+    overlay = yaml.safe_load((REPO / "tiny" / "config" / "vllm.yaml").read_text())
+    merged = copy.deepcopy(tiny)
+    merged["evaluation"].update(overlay["evaluation"])
+    merged["models"]["tiny_qwen3"]["vllm"] = overlay["models"]["tiny_qwen3"]["vllm"]
+    cfg = validate_config(merged)
+    assert cfg["evaluation"]["backend"] == "vllm" and cfg["models"]["tiny_qwen3"]["vllm"]["in_process"] is True
+    del merged["models"]["tiny_qwen3"]["vllm"]["kv_cache_memory_gib"]
+    with pytest.raises(ConfigError, match=r"models\.tiny_qwen3\.vllm\.kv_cache_memory_gib: needed with evaluation.backend 'vllm' on CPU"):
+        validate_config(merged)

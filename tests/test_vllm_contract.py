@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import REPO
 from pwopsd.config import backend_options, load_config
@@ -24,7 +25,8 @@ from pwopsd.generation.sampling import SamplingConfig, make_backend
 from pwopsd.stacks import LINUX_X86_64_PLATFORMS, env_pins, load_stacks
 
 SOURCES = ["vllm/__init__.py", "vllm/entrypoints/llm.py", "vllm/engine/arg_utils.py", "vllm/sampling_params.py",
-           "vllm/inputs/__init__.py", "vllm/inputs/data.py", "vllm/outputs.py"]
+           "vllm/inputs/__init__.py", "vllm/inputs/data.py", "vllm/outputs.py", "vllm/v1/engine/llm_engine.py",
+           "vllm/v1/engine/core_client.py"]
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +97,10 @@ def _backends():
     for model in cfg["models"]:
         yield model, make_backend("vllm", {"path": f"/models/{model}"}, dtype=cfg["models"][model]["dtype"],
                                   max_model_len=40960, options=backend_options(cfg, model))
+    # The CPU settings of the tiny overlay (KV cache in GiB, chunked prefill off, engine in process).
+    overlay = yaml.safe_load((REPO / "tiny" / "config" / "vllm.yaml").read_text())["models"]["tiny_qwen3"]["vllm"]
+    yield "tiny_qwen3 (tiny/config/vllm.yaml)", make_backend("vllm", {"path": "/models/tiny"}, dtype="float32",
+                                                             max_model_len=512, options=overlay)
 
 
 def test_engine_kwargs_of_every_configured_model_are_accepted_by_llm(vllm_src):
@@ -126,3 +132,20 @@ def test_prompt_type_generate_call_and_outputs_match_the_release(vllm_src):
     assert {"index", "text", "token_ids", "finish_reason"} <= completion
     request_output_init, _ = _method_params(_class(vllm_src["vllm/outputs.py"], "RequestOutput"), "__init__")
     assert "outputs" in request_output_init
+
+
+def test_engine_shutdown_and_in_process_switch_exist_in_the_release(vllm_src):
+    """``shutdown_engine`` calls ``llm.llm_engine.engine_core.shutdown()``; ``in_process`` sets
+    ``VLLM_ENABLE_V1_MULTIPROCESSING`` (read when the engine is built) and ``distributed_executor_backend``."""
+    llm_init = next(n for n in _class(vllm_src["vllm/entrypoints/llm.py"], "LLM").body
+                    if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    assert any(isinstance(t, ast.Attribute) and t.attr == "llm_engine" for n in ast.walk(llm_init)
+               if isinstance(n, ast.Assign) for t in n.targets)
+    engine = vllm_src["vllm/v1/engine/llm_engine.py"]
+    assert any(isinstance(n, ast.Attribute) and n.attr == "engine_core" for n in ast.walk(_class(engine, "LLMEngine")))
+    assert any(isinstance(n, ast.Attribute) and n.attr == "VLLM_ENABLE_V1_MULTIPROCESSING" for n in ast.walk(engine))
+    clients = vllm_src["vllm/v1/engine/core_client.py"]
+    for name in ("InprocClient", "MPClient"):  # the in-process engine core's client, and the one of its own process
+        params, _ = _method_params(_class(clients, name), "shutdown")
+        assert params <= {"timeout"}, f"{name}.shutdown takes {params}"
+    assert "distributed_executor_backend" in _fields(_class(vllm_src["vllm/engine/arg_utils.py"], "EngineArgs"))

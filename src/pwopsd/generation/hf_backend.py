@@ -57,6 +57,7 @@ def filter_and_sample(
 
 class HFBackend:
     name = "hf"
+    unseeded_reproducible = True  # seed=None draws with default_seed, like any seed
 
     def __init__(
         self,

