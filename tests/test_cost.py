@@ -60,3 +60,23 @@ def test_every_gpu_rule_of_the_paper_dag_has_a_cost_model(paper):
     assert all(cost.job_hours(j, paper) > 0 for j in jobs if j.gpus)
     with pytest.raises(ValueError, match="rule new_phase asks for 1 GPUs but has no cost model"):
         cost.job_hours(cost.Job("new_phase", {"model": "qwen3_4b"}, 1), paper)
+
+
+def test_one_engine_per_gpu_is_priced_beside_the_configured_tensor_parallel_layout(paper, capsys):
+    """The paper's TP=4 engines vs one engine per GPU (DP=4): per-GPU throughput x decode_gain_tp1,
+    single-stream speed x stream_gain_tp1, by hand; the plan prints both."""
+    a = cost.ASSUMPTIONS
+    dp = cost.data_parallel_layout(paper)
+    assert {m: (e["vllm"]["tensor_parallel_size"], e["vllm"]["data_parallel_size"]) for m, e in dp["models"].items()} == {
+        m: (1, 4) for m in paper["models"]}
+    assert paper["models"]["qwen3_4b"]["vllm"]["tensor_parallel_size"] == 4  # the config itself is left alone
+    job = cost.Job("generate", {"model": "qwen3_4b", "checkpoint": "base", "seed": "1"}, 4)
+    tokens = 590 * 12 * 38912 * a["eval_length_fraction"]
+    expected = a["startup_min"] / 60 + tokens / (a["decode_tok_s_per_gpu_4b"] * 4 * a["decode_gain_tp1"]) / 3600
+    assert cost.job_hours(job, dp) == pytest.approx(expected)
+    few = {**dp, "benchmarks": {"aime2024": dp["benchmarks"]["aime2024"]}, "evaluation": {**dp["evaluation"], "n": 1}}
+    tail = 38912 / (a["stream_tok_s_4b"] * a["stream_gain_tp1"])  # one stream on one GPU is slower
+    assert cost.job_hours(job, few) == pytest.approx(a["startup_min"] / 60 + tail / 3600)
+    cost.main(["--directory", str(REPO), "--all", "results/tables/main_4b.tex"])
+    out = capsys.readouterr().out
+    assert "vLLM layout as configured (qwen3_4b TP=4 x DP=1" in out and "with one engine per GPU instead" in out

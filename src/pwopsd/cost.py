@@ -26,6 +26,11 @@ ASSUMPTIONS = {
     "decode_tok_s_per_gpu_4b": 5000.0,
     # Single-stream decode speed of a 4B model at TP=4: the longest sample bounds a job from below.
     "stream_tok_s_4b": 150.0,
+    # An engine on one GPU (tensor_parallel_size 1, data parallel across the job's GPUs) relative to
+    # TP=4: per-GPU throughput (no all-reduce per layer; a 4-8B model leaves most of an H100 to the
+    # KV cache) and single-stream speed (one GPU's memory bandwidth instead of four).
+    "decode_gain_tp1": 1.6,
+    "stream_gain_tp1": 0.5,
     # HF forward (no grad) throughput per GPU for a 4B model (teacher pass, MC dropout).
     "forward_tok_s_per_gpu_4b": 40000.0,
     # Mean generated length as a fraction of the token budget.
@@ -91,17 +96,33 @@ def model_size_b(cfg: dict, model: str) -> float:
     return float(m.group(1))
 
 
-def _decode_hours(tokens: float, longest: float, size: float, gpus: int, a: dict) -> float:
-    rate = a["decode_tok_s_per_gpu_4b"] * 4.0 / size * max(1, gpus)
-    tail = longest / (a["stream_tok_s_4b"] * 4.0 / size)
+def _decode_hours(tokens: float, longest: float, size: float, gpus: int, a: dict, tp: int = 4) -> float:
+    """Hours to decode ``tokens`` on ``gpus`` GPUs with engines of ``tp`` GPUs each (at least the
+    single-stream time of the ``longest`` sample)."""
+    rate = a["decode_tok_s_per_gpu_4b"] * 4.0 / size * max(1, gpus) * (a["decode_gain_tp1"] if tp == 1 else 1.0)
+    tail = longest / (a["stream_tok_s_4b"] * 4.0 / size * (a["stream_gain_tp1"] if tp == 1 else 1.0))
     return max(tokens / rate, tail) / 3600.0
+
+
+def _vllm_tp(cfg: dict, job: Job) -> int:
+    return int(cfg["models"][job.wildcards["model"]].get("vllm", {}).get("tensor_parallel_size", 1))
+
+
+def data_parallel_layout(cfg: dict) -> dict:
+    """``cfg`` with every model's vLLM engines on one GPU each (tensor_parallel_size 1,
+    data_parallel_size = gpus.generate): the other way to spend a generation job's GPUs."""
+    out = {**cfg, "models": {}}
+    for name, entry in cfg["models"].items():
+        gpus = max(1, entry["gpus"]["generate"])
+        out["models"][name] = {**entry, "vllm": {**entry.get("vllm", {}), "tensor_parallel_size": 1, "data_parallel_size": gpus}}
+    return out
 
 
 def _generate_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
     ev = cfg["evaluation"]
     problems = sum(b.get("expected_rows") or 0 for b in cfg["benchmarks"].values())
     tokens = problems * ev["n"] * ev["max_new_tokens"] * a["eval_length_fraction"]
-    return _decode_hours(tokens, ev["max_new_tokens"], size, job.gpus, a)
+    return _decode_hours(tokens, ev["max_new_tokens"], size, job.gpus, a, tp=_vllm_tp(cfg, job))
 
 
 def _train_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
@@ -124,7 +145,7 @@ def _diagnostic_sizes(job: Job, cfg: dict, size: float, a: dict) -> tuple[dict, 
 def _spines_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
     d, problems, spine, _ = _diagnostic_sizes(job, cfg, size, a)
     passes = 1 + a["spine_fallback_share"]
-    return passes * _decode_hours(problems * spine, d["spine"]["max_new_tokens"], size, job.gpus, a)
+    return passes * _decode_hours(problems * spine, d["spine"]["max_new_tokens"], size, job.gpus, a, tp=_vllm_tp(cfg, job))
 
 
 def _teacher_pass_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
@@ -142,7 +163,7 @@ def _forced_continuation_hours(job: Job, cfg: dict, size: float, a: dict) -> flo
     fc = d["forced_continuation"]
     rollouts = problems * d["candidates"]["max_per_problem"] * d["candidates"]["children"] * fc["n"]
     tokens = rollouts * fc["max_model_len"] * a["forced_length_fraction"]
-    return _decode_hours(tokens, fc["max_model_len"] - spine, size, job.gpus, a)
+    return _decode_hours(tokens, fc["max_model_len"] - spine, size, job.gpus, a, tp=_vllm_tp(cfg, job))
 
 
 # The cost model of each rule that asks for GPUs; a GPU rule missing here is an error
@@ -174,7 +195,11 @@ def plan(jobs: list[Job], cfg: dict, a: dict = ASSUMPTIONS) -> list[dict]:
     return sorted(rows.values(), key=lambda r: (-r["gpu_hours"], r["rule"]))
 
 
-def render(rows: list[dict], a: dict) -> str:
+# Rules whose GPUs run vLLM engines (the layout comparison re-prices these).
+VLLM_RULES = ("generate", "spines", "forced_continuation")
+
+
+def render(rows: list[dict], a: dict, data_parallel: list[dict] | None = None, cfg: dict | None = None) -> str:
     lines = [f"{'rule':<22}{'jobs':>6}{'GPUs/job':>10}{'h/job':>8}{'GPU-hours':>11}"]
     for r in rows:
         gpus = "/".join(str(g) for g in sorted(r["gpus"]))
@@ -184,6 +209,16 @@ def render(rows: list[dict], a: dict) -> str:
     total = sum(r["gpu_hours"] for r in rows)
     lines.append(f"{'total':<22}{total_jobs:>6}{'':>10}{'':>8}{total:>11.1f}")
     lines.append(f"= {total / 24:.1f} GPU-days, {total / 4:.0f} hours of 4xH100 nodes")
+    if data_parallel is not None and cfg is not None:
+        layout = ", ".join(f"{m} TP={e.get('vllm', {}).get('tensor_parallel_size', 1)} x "
+                           f"DP={e.get('vllm', {}).get('data_parallel_size', 1)}" for m, e in cfg["models"].items())
+        vllm_now = sum(r["gpu_hours"] for r in rows if r["rule"] in VLLM_RULES)
+        vllm_dp = sum(r["gpu_hours"] for r in data_parallel if r["rule"] in VLLM_RULES)
+        total_dp = sum(r["gpu_hours"] for r in data_parallel)
+        lines.append(f"vLLM layout as configured ({layout}): {' + '.join(VLLM_RULES)} {vllm_now:.1f} GPU-hours")
+        lines.append(f"with one engine per GPU instead (tensor_parallel_size 1, data_parallel_size = gpus.generate; "
+                     f"every paper model fits one H100): {vllm_dp:.1f} GPU-hours, total {total_dp:.1f} "
+                     f"({total_dp / 4:.0f} hours of 4xH100 nodes)")
     lines.append("assumptions (docs/cluster.md; override with --assume KEY=VALUE): "
                  + ", ".join(f"{k}={v:g}" for k, v in a.items()))
     return "\n".join(lines)
@@ -204,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
         a[key] = float(value)
     cfg = load_config(Path(args.directory) / "config" / "config.yaml")
     jobs = dry_run_jobs(args.directory, args.targets, forceall=args.all)
-    print(render(plan(jobs, cfg, a), a))
+    print(render(plan(jobs, cfg, a), a, data_parallel=plan(jobs, data_parallel_layout(cfg), a), cfg=cfg))
 
 
 if __name__ == "__main__":
