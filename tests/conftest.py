@@ -22,13 +22,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 def paper_train_config(loss: str, **overrides):
     """A TrainConfig as the paper config builds it for Qwen3-4B and the paper's method of ``loss``
-    (PW-OPSD: Moderate), with ``overrides``: tests take every unstated setting from the config."""
+    (PW-OPSD: Moderate), with ``overrides``: tests take every unstated setting from the config,
+    except the rollout engine: ``hf`` (the live model) unless a test asks for ``vllm``, which runs
+    only in the CPU vLLM environment (tests/vllm_cpu)."""
     from pwopsd.config import load_config, training_config
     from pwopsd.training.loop import TrainConfig
 
     cfg = load_config(REPO / "config" / "config.yaml")
     method = {"opsd": "opsd", "pwopsd": "pwopsd_moderate", "eopd": "eopd", "reopold": "reopold"}[loss]
-    return TrainConfig(**{**training_config(cfg, "qwen3_4b", method), **overrides})
+    rollouts = {"rollout_backend": "hf", "rollout_engine": {}}
+    return TrainConfig(**{**training_config(cfg, "qwen3_4b", method), **rollouts, **overrides})
 
 
 @pytest.fixture(autouse=True)

@@ -251,3 +251,15 @@ def test_tiny_mode_through_vllm_needs_the_cpu_kv_cache_setting():
     del merged["models"]["tiny_qwen3"]["vllm"]["kv_cache_memory_gib"]
     with pytest.raises(ConfigError, match=r"models\.tiny_qwen3\.vllm\.kv_cache_memory_gib: needed with evaluation.backend 'vllm' on CPU"):
         validate_config(merged)
+
+
+def test_the_paper_trains_with_a_colocated_vllm_rollout_engine_per_model_memory_fraction():
+    from pwopsd.config import training_config
+
+    cfg = load_config(REPO / "config" / "config.yaml")
+    fractions = {m: training_config(cfg, m, "opsd")["rollout_engine"]["gpu_memory_utilization"] for m in cfg["models"]}
+    assert fractions == {"qwen3_4b": 0.4, "dsr1_llama_8b": 0.30, "olmo3_7b_think": 0.55}
+    assert training_config(cfg, "qwen3_4b", "opsd")["rollout_backend"] == "vllm"
+    tiny = load_config(REPO / "tiny" / "config" / "config.yaml")
+    assert training_config(tiny, "tiny_qwen3", "opsd")["rollout_backend"] == "hf"
+    assert training_config(tiny, "tiny_qwen3", "opsd")["rollout_engine"] == {}  # hf: nothing of vLLM in the run key

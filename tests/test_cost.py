@@ -80,3 +80,26 @@ def test_one_engine_per_gpu_is_priced_beside_the_configured_tensor_parallel_layo
     cost.main(["--directory", str(REPO), "--all", "results/tables/main_4b.tex"])
     out = capsys.readouterr().out
     assert "vLLM layout as configured (qwen3_4b TP=4 x DP=1" in out and "with one engine per GPU instead" in out
+
+
+def test_training_rollouts_are_priced_by_the_configured_rollout_backend(paper):
+    """vLLM: one engine per training GPU (TP=1 throughput); hf: transformers decoding on the PEFT
+    model, by hand from the assumptions."""
+    import copy
+
+    a = cost.ASSUMPTIONS
+    job = cost.Job("train", {"model": "qwen3_4b", "method": "opsd"}, 4)
+    prices = {}
+    for backend in ("vllm", "hf"):
+        cfg = copy.deepcopy(paper)
+        cfg["training"]["rollout_backend"] = backend
+        prices[backend] = cost.job_hours(job, cfg)
+    tokens, longest = 32 * 1024, 1024
+    fwd = 6.0 * 32 * (a["train_prompt_tokens"] + 1024) / (a["forward_tok_s_per_gpu_4b"] * 4)
+    vllm_decode = max(tokens / (a["decode_tok_s_per_gpu_4b"] * 4 * a["decode_gain_tp1"]),
+                      longest / (a["stream_tok_s_4b"] * a["stream_gain_tp1"]))
+    hf_decode = max(tokens / (a["hf_rollout_tok_s_per_gpu_4b"] * 4), longest / a["hf_stream_tok_s_4b"])
+    for backend, decode in (("vllm", vllm_decode), ("hf", hf_decode)):
+        expected = a["startup_min"] / 60 + 150 * (decode + fwd + a["train_step_overhead_s"]) / 3600
+        assert prices[backend] == pytest.approx(expected), backend
+    assert prices["hf"] > prices["vllm"]

@@ -62,7 +62,8 @@ def test_vllm_engine_settings_come_from_the_model_entry():
     assert backend.engine_kwargs == {"model": "/models/qwen", "dtype": "bfloat16", "max_model_len": 40960,
                                      "tensor_parallel_size": 4, "gpu_memory_utilization": 0.9, "enforce_eager": True,
                                      "kv_cache_memory_bytes": None, "enable_chunked_prefill": None,
-                                     "distributed_executor_backend": None, "seed": 0, "trust_remote_code": False}
+                                     "distributed_executor_backend": None, "enable_lora": None, "max_lora_rank": None,
+                                     "seed": 0, "trust_remote_code": False}
     assert backend.data_parallel_size == 1
 
 

@@ -26,7 +26,7 @@ from pwopsd.stacks import LINUX_X86_64_PLATFORMS, env_pins, load_stacks
 
 SOURCES = ["vllm/__init__.py", "vllm/entrypoints/llm.py", "vllm/engine/arg_utils.py", "vllm/sampling_params.py",
            "vllm/inputs/__init__.py", "vllm/inputs/data.py", "vllm/outputs.py", "vllm/v1/engine/llm_engine.py",
-           "vllm/v1/engine/core_client.py"]
+           "vllm/v1/engine/core_client.py", "vllm/lora/request.py"]
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +101,16 @@ def _backends():
     overlay = yaml.safe_load((REPO / "tiny" / "config" / "vllm.yaml").read_text())["models"]["tiny_qwen3"]["vllm"]
     yield "tiny_qwen3 (tiny/config/vllm.yaml)", make_backend("vllm", {"path": "/models/tiny"}, dtype="float32",
                                                              max_model_len=512, options=overlay)
+    # Each model's colocated training rollout engine (LoRA enabled, the training memory fraction).
+    from pwopsd.config import training_config
+    from pwopsd.generation.rollout import make_rollouts
+
+    for model in cfg["models"]:
+        tr = training_config(cfg, model, "opsd")
+        rollouts = make_rollouts("vllm", model=None, tokenizer=None, batch_size=1, model_path=f"/models/{model}",
+                                 dtype=cfg["models"][model]["dtype"], lora_rank=tr["lora_r"], engine=tr["rollout_engine"],
+                                 sync_dir=Path(os.environ.get("TMPDIR", "/tmp")) / "pwopsd-contract-sync")
+        yield f"{model} (rollout engine)", rollouts.backend
 
 
 def test_engine_kwargs_of_every_configured_model_are_accepted_by_llm(vllm_src):
@@ -149,3 +159,13 @@ def test_engine_shutdown_and_in_process_switch_exist_in_the_release(vllm_src):
         params, _ = _method_params(_class(clients, name), "shutdown")
         assert params <= {"timeout"}, f"{name}.shutdown takes {params}"
     assert "distributed_executor_backend" in _fields(_class(vllm_src["vllm/engine/arg_utils.py"], "EngineArgs"))
+
+
+def test_lora_requests_match_the_release(vllm_src):
+    """The rollout engine passes ``LoRARequest(name, int_id, path)`` with every request."""
+    fields = [n.target.id for n in _class(vllm_src["vllm/lora/request.py"], "LoRARequest").body
+              if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+    assert fields[:3] == ["lora_name", "lora_int_id", "lora_path"]
+    params, _ = _method_params(_class(vllm_src["vllm/entrypoints/llm.py"], "LLM"), "generate")
+    assert "lora_request" in params
+    assert {"enable_lora", "max_lora_rank"} <= _fields(_class(vllm_src["vllm/engine/arg_utils.py"], "EngineArgs"))

