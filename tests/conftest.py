@@ -90,6 +90,18 @@ def random_tiny_model(tiny_tokenizer):
     return build_model(cfg, tiny_tokenizer).eval()
 
 
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tiny_tokenizer, random_tiny_model) -> str:
+    """A tiny Qwen3 checkpoint folder: the one the tiny workflow built (``PWOPSD_TINY_MODEL``, as
+    tests/test_vllm_cpu.py passes it to tests/vllm_cpu), else the random one saved."""
+    path = os.environ.get("PWOPSD_TINY_MODEL")
+    if not path:
+        path = tmp_path_factory.mktemp("random-tiny") / "model"
+        random_tiny_model.save_pretrained(path)
+        tiny_tokenizer.save_pretrained(path)
+    return str(path)
+
+
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile")]
 
 

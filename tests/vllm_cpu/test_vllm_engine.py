@@ -11,7 +11,6 @@ Each test goes through the functions the rules call (``make_backend``, ``run_gen
 
 from __future__ import annotations
 
-import os
 import time
 
 import pandas as pd
@@ -30,13 +29,8 @@ MAX_MODEL_LEN = 512
 
 
 @pytest.fixture(scope="session")
-def manifest(tmp_path_factory, tiny_tokenizer, random_tiny_model):
-    path = os.environ.get("PWOPSD_TINY_MODEL")
-    if not path:
-        path = tmp_path_factory.mktemp("random-tiny") / "model"
-        random_tiny_model.save_pretrained(path)
-        tiny_tokenizer.save_pretrained(path)
-    return {"path": str(path)}
+def manifest(tiny_model_dir):
+    return {"path": tiny_model_dir}
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ would give stale rollouts only on such prompts.
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
@@ -29,13 +28,8 @@ PREFIX_BLOCK = 128
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory, tiny_tokenizer, random_tiny_model):
-    path = os.environ.get("PWOPSD_TINY_MODEL")
-    if not path:
-        path = tmp_path_factory.mktemp("random-tiny") / "model"
-        random_tiny_model.save_pretrained(path)
-        tiny_tokenizer.save_pretrained(path)
-    return {"model": "tiny", "path": str(path)}
+def base(tiny_model_dir):
+    return {"model": "tiny", "path": tiny_model_dir}
 
 
 def long_examples(k: int = 12) -> list[Example]:
