@@ -414,10 +414,10 @@ def training_config(cfg: dict, model: str, method: str) -> dict:
 def rollout_engine_settings(cfg: dict, model: str) -> dict:
     """The colocated vLLM rollout engine's settings for a model (its ``vllm`` entry, with the
     training memory fraction in place of the evaluation one)."""
-    v = cfg["models"][model].get("vllm", {})
-    return {"gpu_memory_utilization": v.get("train_gpu_memory_utilization", 0.4), "enforce_eager": v.get("enforce_eager", True),
-            "kv_cache_memory_gib": v.get("kv_cache_memory_gib"), "enable_chunked_prefill": v.get("enable_chunked_prefill"),
-            "in_process": v.get("in_process", False)}
+    v = cfg["models"][model]["vllm"]  # schema defaults filled by validation
+    return {"gpu_memory_utilization": v["train_gpu_memory_utilization"], "enforce_eager": v["enforce_eager"],
+            "kv_cache_memory_gib": v["kv_cache_memory_gib"], "enable_chunked_prefill": v["enable_chunked_prefill"],
+            "in_process": v["in_process"]}
 
 
 def schema_defaults(section: str, entry: dict | None = None) -> dict:

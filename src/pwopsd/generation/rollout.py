@@ -101,10 +101,9 @@ def make_rollouts(backend: str, *, model, tokenizer, batch_size: int, model_path
         raise ValueError(f"training.rollout_backend: unknown rollout backend {backend!r} (hf or vllm)")
     import torch
 
-    from pwopsd.generation.vllm_backend import VLLMBackend
+    from pwopsd.generation.sampling import make_backend
 
-    vllm = VLLMBackend(model_path, dtype=dtype, tensor_parallel_size=1, gpu_memory_utilization=engine["gpu_memory_utilization"],
-                       enforce_eager=engine["enforce_eager"], kv_cache_memory_gib=engine.get("kv_cache_memory_gib"),
-                       enable_chunked_prefill=engine.get("enable_chunked_prefill"), in_process=engine.get("in_process", False),
-                       max_lora_rank=lora_rank, engine_devices=str(local_rank) if torch.cuda.is_available() else "")
+    devices = str(local_rank) if torch.cuda.is_available() else ""  # the rank's own GPU (on CPU: none)
+    vllm = make_backend("vllm", {"path": model_path}, dtype=dtype, max_model_len=None,
+                        options={**engine, "tensor_parallel_size": 1, "max_lora_rank": lora_rank, "engine_devices": devices})
     return VLLMRollouts(vllm, sync_dir)

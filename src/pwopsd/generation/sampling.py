@@ -161,13 +161,15 @@ def sample_benchmark(
     return table
 
 
-def make_backend(name: str, manifest: dict, *, dtype: str, max_model_len: int, min_p: float = 0.0,
+def make_backend(name: str, manifest: dict, *, dtype: str, max_model_len: int | None, min_p: float = 0.0,
                  options: dict | None = None, tokenizer=None, progress: bool = True) -> Backend:
     """The configured generation backend for a checkpoint (``hf``: loaded here; ``vllm``: lazily).
 
     ``options`` are execution settings (``hf_batch_size``; for vLLM a model's ``vllm`` entry:
     ``tensor_parallel_size``, ``data_parallel_size``, ``gpu_memory_utilization``,
-    ``enforce_eager``, ``kv_cache_memory_gib``, ``enable_chunked_prefill``, ``in_process``).
+    ``enforce_eager``, ``kv_cache_memory_gib``, ``enable_chunked_prefill``, ``in_process``; and
+    for a training rollout engine ``max_lora_rank`` and ``engine_devices``, see
+    :func:`pwopsd.generation.rollout.make_rollouts`). ``max_model_len`` None: the model's own.
     """
     from pwopsd.generation import get_backend
     from pwopsd.models import default_device, load_model
@@ -180,7 +182,7 @@ def make_backend(name: str, manifest: dict, *, dtype: str, max_model_len: int, m
         "vllm",
         model_path=manifest["path"],
         dtype=dtype,
-        max_model_len=int(max_model_len),
+        max_model_len=None if max_model_len is None else int(max_model_len),
         tensor_parallel_size=options.get("tensor_parallel_size", 1),
         data_parallel_size=options.get("data_parallel_size", 1),
         gpu_memory_utilization=options.get("gpu_memory_utilization", 0.9),
@@ -188,6 +190,8 @@ def make_backend(name: str, manifest: dict, *, dtype: str, max_model_len: int, m
         kv_cache_memory_gib=options.get("kv_cache_memory_gib"),
         enable_chunked_prefill=options.get("enable_chunked_prefill"),
         in_process=options.get("in_process", False),
+        max_lora_rank=options.get("max_lora_rank"),
+        engine_devices=options.get("engine_devices"),
         min_p=min_p,
     )
 

@@ -137,15 +137,16 @@ def run(args: dict) -> None:
     rank, _ = dist_info()
     rollouts = None
     try:
+        if cfg.rollout_backend != "hf":  # hf: the Trainer samples its live model itself
+            rollouts = make_rollouts(cfg.rollout_backend, model=None, tokenizer=tokenizer,
+                                     batch_size=cfg.rollout_batch_size, model_path=manifest["path"], dtype=args["dtype"],
+                                     lora_rank=cfg.lora_r, engine=cfg.rollout_engine,
+                                     sync_dir=Path(args["work_dir"]) / "rollout-sync" / f"rank-{rank}",
+                                     local_rank=int(os.environ.get("LOCAL_RANK", "0")))
         trainer = Trainer(model, tokenizer, examples, cfg, args["work_dir"],
                           add_special_tokens=args["chat_template"].get("add_special_tokens", True),
-                          think_closure=args["chat_template"].get("think_closure", True), answer_check=check)
-        rollouts = make_rollouts(cfg.rollout_backend, model=trainer.inner, tokenizer=tokenizer,
-                                 batch_size=cfg.rollout_batch_size, model_path=manifest["path"], dtype=args["dtype"],
-                                 lora_rank=cfg.lora_r, engine=cfg.rollout_engine,
-                                 sync_dir=Path(args["work_dir"]) / "rollout-sync" / f"rank-{rank}",
-                                 local_rank=int(os.environ.get("LOCAL_RANK", "0")))
-        trainer.rollout_engine = rollouts
+                          think_closure=args["chat_template"].get("think_closure", True), answer_check=check,
+                          rollouts=rollouts)
         trainer.train()
     finally:
         if rollouts is not None:

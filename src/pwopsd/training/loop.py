@@ -215,7 +215,7 @@ class Trainer:
                             for e in examples]
         self.device = next(self.model.parameters()).device
         # The rollout engine (pwopsd.generation.rollout): by default the live model; the train job
-        # builds the configured one (training.rollout_backend) with make_rollouts.
+        # passes a colocated vLLM one (training.rollout_backend: vllm, made by make_rollouts).
         self.rollout_engine = rollouts if rollouts is not None else HFRollouts(
             self.inner, tokenizer, batch_size=cfg.rollout_batch_size)
 
