@@ -23,14 +23,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def paper_train_config(loss: str, **overrides):
     """A TrainConfig as the paper config builds it for Qwen3-4B and the paper's method of ``loss``
     (PW-OPSD: Moderate), with ``overrides``: tests take every unstated setting from the config,
-    except the rollout engine: ``hf`` (the live model) unless a test asks for ``vllm``, which runs
-    only in the CPU vLLM environment (tests/vllm_cpu)."""
+    except the rollout engine and policy: ``hf`` on the live model (``adapter``) unless a test asks
+    for another; ``vllm`` runs only in the CPU vLLM environment (tests/vllm_cpu)."""
     from pwopsd.config import load_config, training_config
     from pwopsd.training.loop import TrainConfig
 
     cfg = load_config(REPO / "config" / "config.yaml")
     method = {"opsd": "opsd", "pwopsd": "pwopsd_moderate", "eopd": "eopd", "reopold": "reopold"}[loss]
-    rollouts = {"rollout_backend": "hf", "rollout_engine": {}}
+    rollouts = {"rollout_backend": "hf", "rollout_engine": {}, "rollout_policy": "adapter"}
     return TrainConfig(**{**training_config(cfg, "qwen3_4b", method), **rollouts, **overrides})
 
 

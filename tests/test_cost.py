@@ -90,16 +90,17 @@ def test_training_rollouts_are_priced_by_the_configured_rollout_backend(paper):
     a = cost.ASSUMPTIONS
     job = cost.Job("train", {"model": "qwen3_4b", "method": "opsd"}, 4)
     prices = {}
-    for backend in ("vllm", "hf"):
+    for backend, policy in (("vllm", "adapter"), ("vllm", "merged_bf16"), ("hf", "adapter")):
         cfg = copy.deepcopy(paper)
-        cfg["training"]["rollout_backend"] = backend
-        prices[backend] = cost.job_hours(job, cfg)
+        cfg["training"].update(rollout_backend=backend, rollout_policy=policy)
+        prices[backend if policy == "adapter" else policy] = cost.job_hours(job, cfg)
     tokens, longest = 32 * 1024, 1024
     fwd = 6.0 * 32 * (a["train_prompt_tokens"] + 1024) / (a["forward_tok_s_per_gpu_4b"] * 4)
     vllm_decode = max(tokens / (a["decode_tok_s_per_gpu_4b"] * 4 * a["decode_gain_tp1"]),
                       longest / (a["stream_tok_s_4b"] * a["stream_gain_tp1"]))
     hf_decode = max(tokens / (a["hf_rollout_tok_s_per_gpu_4b"] * 4), longest / a["hf_stream_tok_s_4b"])
-    for backend, decode in (("vllm", vllm_decode), ("hf", hf_decode)):
+    merged = vllm_decode + a["merged_sync_s_per_b_params"] * 4  # 4B weights written and reloaded every step
+    for backend, decode in (("vllm", vllm_decode), ("merged_bf16", merged), ("hf", hf_decode)):
         expected = a["startup_min"] / 60 + 150 * (decode + fwd + a["train_step_overhead_s"]) / 3600
         assert prices[backend] == pytest.approx(expected), backend
     assert prices["hf"] > prices["vllm"]

@@ -148,7 +148,8 @@ def test_checkpoints_are_keyed_by_everything_that_determines_the_run(base, tmp_p
     again, text = train(args)  # unchanged inputs: the same folder, resumed at its last step
     assert again == first and "resumed from" in text and "(step 2)" in text
     variants = {"setting": {**args, "train": {**args["train"], "lr": 2e-3}}, "dtype": {**args, "dtype": "bfloat16"},
-                "prompt switch": {**args, "chat_template": {**args["chat_template"], "think_closure": False}}}
+                "prompt switch": {**args, "chat_template": {**args["chat_template"], "think_closure": False}},
+                "rollout policy": {**args, "train": {**args["train"], "rollout_policy": "merged_bf16"}}}
     keys = {name: checkpoint_dir(root, a) for name, a in variants.items()}
     corpus = pd.read_parquet(tmp_path / "corpus.parquet")
     corpus.iloc[::-1].to_parquet(tmp_path / "corpus.parquet")  # same rows, another order: other batches

@@ -26,7 +26,7 @@ from pwopsd.stacks import LINUX_X86_64_PLATFORMS, env_pins, load_stacks
 
 SOURCES = ["vllm/__init__.py", "vllm/entrypoints/llm.py", "vllm/engine/arg_utils.py", "vllm/sampling_params.py",
            "vllm/inputs/__init__.py", "vllm/inputs/data.py", "vllm/outputs.py", "vllm/v1/engine/llm_engine.py",
-           "vllm/v1/engine/core_client.py", "vllm/lora/request.py"]
+           "vllm/v1/engine/core_client.py", "vllm/lora/request.py", "vllm/v1/worker/gpu_worker.py"]
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +169,17 @@ def test_lora_requests_match_the_release(vllm_src):
     params, _ = _method_params(_class(vllm_src["vllm/entrypoints/llm.py"], "LLM"), "generate")
     assert "lora_request" in params
     assert {"enable_lora", "max_lora_rank"} <= _fields(_class(vllm_src["vllm/engine/arg_utils.py"], "EngineArgs"))
+
+
+def test_a_weight_reload_matches_the_release(vllm_src):
+    """The ``merged_bf16`` rollout policy rewrites the engine's model folder, then calls
+    ``collective_rpc("reload_weights")`` (the worker's method, no arguments: it reloads from the
+    model's own path) and ``reset_prefix_cache()``, which returns whether it reset."""
+    llm = _class(vllm_src["vllm/entrypoints/llm.py"], "LLM")
+    params, _ = _method_params(llm, "collective_rpc")
+    assert "method" in params
+    reset = next(n for n in llm.body if isinstance(n, ast.FunctionDef) and n.name == "reset_prefix_cache")
+    assert all(a.arg == "self" for a in reset.args.args[: len(reset.args.args) - len(reset.args.defaults)])
+    assert ast.unparse(reset.returns) == "bool"
+    params, has_kwargs = _method_params(_class(vllm_src["vllm/v1/worker/gpu_worker.py"], "Worker"), "reload_weights")
+    assert params == set() or has_kwargs, params

@@ -408,6 +408,7 @@ def training_config(cfg: dict, model: str, method: str) -> dict:
         "rollout_batch_size": tr["rollout_batch_size"],
         "rollout_backend": tr["rollout_backend"],
         "rollout_engine": rollout_engine_settings(cfg, model) if tr["rollout_backend"] == "vllm" else {},
+        "rollout_policy": tr["rollout_policy"],
     }
 
 

@@ -43,6 +43,10 @@ ASSUMPTIONS = {
     # PEFT model, a few sequences per GPU): throughput per GPU and single-stream speed, 4B model.
     "hf_rollout_tok_s_per_gpu_4b": 250.0,
     "hf_stream_tok_s_4b": 30.0,
+    # Training with rollout_policy: merged_bf16 on a vLLM rollout engine: the merged bf16 weights
+    # written to the engine's folder and reloaded every step, seconds per billion parameters (2 GB:
+    # written, then read back from the page cache, at ~2 GB/s each).
+    "merged_sync_s_per_b_params": 2.0,
     # Training: per-step overhead beyond rollout decode and forward/backward (adapter sync,
     # optimizer, logging), seconds.
     "train_step_overhead_s": 30.0,
@@ -135,6 +139,8 @@ def _train_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
     rollout_tokens = batch * tr["max_completion_length"]
     if tr["rollout_backend"] == "vllm":  # one colocated engine per training GPU (TP=1)
         decode = _decode_hours(rollout_tokens, tr["max_completion_length"], size, job.gpus, a, tp=1) * 3600.0
+        if tr["rollout_policy"] == "merged_bf16":  # the engine reloads merged weights every step
+            decode += a["merged_sync_s_per_b_params"] * size
     else:  # hf generate on the live PEFT model
         rate = a["hf_rollout_tok_s_per_gpu_4b"] * 4.0 / size * max(1, job.gpus)
         decode = max(rollout_tokens / rate, tr["max_completion_length"] / (a["hf_stream_tok_s_4b"] * 4.0 / size))

@@ -1,11 +1,15 @@
 """Training with a colocated vLLM rollout engine (``training.rollout_backend: vllm``), executed with
 vLLM's CPU build on the tiny model (see ``test_vllm_engine.py`` for the environment).
 
-The sync is what these tests prove: the engine is fed the current LoRA adapter before every
-rollout batch, so its greedy rollouts equal the ``hf`` backend's on the live model at step 0 and
-after training steps. The prompts are longer than vLLM's prefix-cache block (128 tokens here):
-a sync that reused KV blocks computed with older weights, or an adapter id with new weights,
-would give stale rollouts only on such prompts.
+The sync is what these tests prove: the engine is fed the current policy before every rollout
+batch, so its greedy rollouts equal the ``hf`` backend's at step 0 and after training steps, for
+both rollout policies: ``adapter`` (the current LoRA adapter under a new id; ``hf`` on the live
+model) and ``merged_bf16`` (the LoRA merged into bf16 base weights, reloaded by the engine; ``hf``
+on a model holding the same merged weights). The prompts are longer than vLLM's prefix-cache block
+(128 tokens here): a sync that reused KV blocks computed with older weights, or an adapter id with
+new weights, would give stale rollouts only on such prompts. The failure modes: an engine that
+cannot start, and one that dies mid-run (the run fails, the checkpoint before it is intact, a rerun
+resumes to the same adapter).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import torch
 from conftest import REPO, paper_train_config
 from pwopsd.generation import GenerationRequest
 from pwopsd.generation.rollout import HFRollouts, make_rollouts
-from pwopsd.training.loop import Example, Trainer
+from pwopsd.training.loop import Example, RolloutEngineError, Trainer, latest_checkpoint
 from test_vllm_engine import engine_processes
 
 CPU_ENGINE = {"gpu_memory_utilization": 0.4, "enforce_eager": True, "kv_cache_memory_gib": 1,
@@ -57,7 +61,8 @@ def make_trainer(base, tokenizer, work_dir, cfg):
                       add_special_tokens=False)
     trainer.rollout_engine = make_rollouts("vllm", model=trainer.inner, tokenizer=tokenizer, batch_size=16,
                                            model_path=base["path"], dtype="float32", lora_rank=cfg.lora_r,
-                                           engine=cfg.rollout_engine, sync_dir=work_dir / "rollout-sync")
+                                           engine=cfg.rollout_engine, sync_dir=work_dir / "rollout-sync",
+                                           policy=cfg.rollout_policy)
     return trainer
 
 
@@ -107,42 +112,84 @@ def test_the_rollout_engine_leaves_no_process_after_the_run(whole_run):
     assert not left, f"engine processes left after close(): {[(p.pid, p.name()) for p in left]}"
 
 
-def test_a_killed_run_with_vllm_rollouts_resumes_to_the_same_adapter(whole_run, base, tiny_tokenizer, tmp_path):
+def test_a_rollout_engine_that_dies_fails_the_run_and_a_rerun_resumes_to_the_same_adapter(whole_run, base, tiny_tokenizer,
+                                                                                         tmp_path):
+    """The rank's engine process is killed (as the OOM killer would) before step 4's rollouts: the
+    run fails naming the step and the checkpoint, step-000002 is intact, a new job resumes from it
+    and ends with the uninterrupted run's adapter."""
     from peft import get_peft_model_state_dict
 
-    for stop in (2, None):  # killed after step 2, then a new job resumes from step-000002
-        trainer = make_trainer(base, tiny_tokenizer, tmp_path / "killed", train_config())
-        try:
-            trainer.train(stop_after=stop)
-        finally:
-            trainer.rollout_engine.close()
-    log = [json.loads(line) for line in (tmp_path / "killed" / "train_log.jsonl").read_text().splitlines()]
+    work = tmp_path / "killed"
+    trainer = make_trainer(base, tiny_tokenizer, work, train_config())
+    step = trainer.train_step
+
+    def train_step():
+        if trainer.step == 3:
+            engine = trainer.rollout_engine.backend._ranks[0].process
+            engine.kill()
+            engine.join()
+        return step()
+
+    trainer.train_step = train_step
+    try:
+        with pytest.raises(RolloutEngineError) as info:
+            trainer.train()
+    finally:
+        trainer.rollout_engine.close()
+    line = str(info.value)
+    assert "\n" not in line and "at step 3" in line and "died" in line and "resumes from step-000002" in line, line
+    assert latest_checkpoint(work).name == "step-000002"
+    trainer = make_trainer(base, tiny_tokenizer, work, train_config())  # the rerun
+    try:
+        trainer.train()
+    finally:
+        trainer.rollout_engine.close()
+    log = [json.loads(line) for line in (work / "train_log.jsonl").read_text().splitlines()]
     assert [h["step"] for h in log] == [1, 2, 3, 4]
     resumed = get_peft_model_state_dict(trainer.model)
     for key, value in whole_run["adapter"].items():
         torch.testing.assert_close(resumed[key], value, rtol=0, atol=0)
 
 
-def test_two_processes_with_vllm_rollouts_train_like_one(whole_run, base, tmp_path):
-    """torchrun with 2 processes, each with its own rollout engine and half of every step's
-    problems, against the one-process run with the same micro-batches: per-request seeds make the
-    rollouts independent of the rank that samples them."""
+def job_args(base, tmp_path, train):
     import pandas as pd
-    from safetensors.torch import load_file
 
     from pwopsd.config import grading_options, load_config
-    from pwopsd.training.job import launch
 
     examples = long_examples()
     pd.DataFrame({"problem": [e.problem for e in examples], "solution": [e.solution for e in examples],
                   "answer": [e.answer for e in examples]}).to_parquet(tmp_path / "corpus.parquet")
     (tmp_path / "base.json").write_text(json.dumps(base))
-    args = {"manifest": str(tmp_path / "base.json"), "corpus": str(tmp_path / "corpus.parquet"),
-            "train": vars(train_config(gradient_accumulation_steps=1)),
+    return {"manifest": str(tmp_path / "base.json"), "corpus": str(tmp_path / "corpus.parquet"), "train": vars(train),
             "dtype": "float32", "chat_template": {"add_special_tokens": False, "think_closure": True},
             "grading": grading_options(load_config(REPO / "config" / "config.yaml")),
             "work_dir": str(tmp_path / "work"), "eval_step": 4, "adapter_out": str(tmp_path / "adapter"),
             "log_out": str(tmp_path / "train_log.jsonl")}
+
+
+def test_a_rollout_engine_that_cannot_start_fails_the_job_with_one_line(base, tmp_path):
+    """A KV cache too small for one sequence: the train job fails at step 0 with one line naming
+    the setting to check, and leaves no engine process."""
+    from pwopsd.training.job import run
+
+    since = time.time()
+    with pytest.raises(RolloutEngineError) as info:
+        run(job_args(base, tmp_path, train_config(rollout_engine={**CPU_ENGINE, "kv_cache_memory_gib": 1e-4})))
+    line = str(info.value)
+    assert "\n" not in line and "at step 0" in line and "did not start" in line, line
+    assert "kv_cache_memory_gib=0.0001" in line and "models.<model>.vllm" in line, line
+    assert not engine_processes(since)
+
+
+def test_two_processes_with_vllm_rollouts_train_like_one(whole_run, base, tmp_path):
+    """torchrun with 2 processes, each with its own rollout engine and half of every step's
+    problems, against the one-process run with the same micro-batches: per-request seeds make the
+    rollouts independent of the rank that samples them."""
+    from safetensors.torch import load_file
+
+    from pwopsd.training.job import launch
+
+    args = job_args(base, tmp_path, train_config(gradient_accumulation_steps=1))
     launch(args, processes=2, args_path=tmp_path / "args.json", log_path=tmp_path / "rule.log")
     assert sorted(p.name for p in (tmp_path / "work" / "rollout-sync").iterdir()) == ["rank-0", "rank-1"]
     adapter = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
@@ -152,3 +199,34 @@ def test_two_processes_with_vllm_rollouts_train_like_one(whole_run, base, tmp_pa
     # Other rollouts would change the adapters by tens of percent.
     for key, value in whole_run["adapter"].items():
         assert float((adapter[key] - value).norm() / value.norm()) < 1e-3, key
+
+
+@pytest.fixture(scope="module")
+def merged_run(base, tiny_tokenizer, tmp_path_factory):
+    """The reference's rollout policy (``merged_bf16``) on the vLLM engine: one process trained to
+    step 4, the engine's greedy rollouts at steps 0 and 4 against ``hf`` on a model holding the same
+    merged bf16 weights."""
+    work = tmp_path_factory.mktemp("merged")
+    trainer = make_trainer(base, tiny_tokenizer, work, train_config(rollout_policy="merged_bf16"))
+    outputs, same, syncs = {}, {}, []
+    try:
+        reference = HFRollouts(trainer.inner, tiny_tokenizer, batch_size=16, policy="merged_bf16")
+        for step in (0, 4):
+            if step:
+                syncs = [h["sync_seconds"] for h in trainer.train()]
+            trainer.rollout_engine.sync(trainer.model, trainer.step)
+            engine = [c[0].token_ids for c in trainer.rollout_engine.generate(greedy(trainer))]
+            reference.sync(trainer.model, trainer.step)
+            outputs[step] = [c[0].token_ids for c in reference.generate(greedy(trainer))]
+            same[step] = sum(e == h for e, h in zip(engine, outputs[step]))
+    finally:
+        trainer.rollout_engine.close()
+    return {"outputs": outputs, "same": same, "syncs": syncs, "folder": sorted(p.name for p in (work / "rollout-sync").iterdir())}
+
+
+def test_the_merged_bf16_policy_is_reloaded_by_the_engine_every_step(merged_run):
+    n = len(long_examples())
+    assert merged_run["same"] == {0: n, 4: n}, f"merged vLLM rollouts equal to hf per step (of {n}): {merged_run['same']}"
+    assert merged_run["outputs"][0] != merged_run["outputs"][4]
+    assert len(merged_run["syncs"]) == 4 and all(s > 0 for s in merged_run["syncs"])
+    assert merged_run["folder"] == ["policy"]  # the engine's model folder only: no adapters

@@ -1,24 +1,33 @@
 """Rollout engines for on-policy training: the student's samples, from its current weights.
 
 A training step asks its rollout engine to :meth:`sync` to the policy being trained (the PEFT
-model after the previous optimizer step), then to :meth:`generate` the step's rollouts
-(``training.rollout_backend``):
+model after the previous optimizer step), then to :meth:`generate` the step's rollouts.
 
-- ``hf``: the live PEFT model in the training process, sampled by the ``hf`` backend; nothing to
-  sync (exactly on-policy).
-- ``vllm``: a colocated vLLM engine built once per training process, fed the current LoRA adapter
-  before every rollout batch. The adapter is saved to ``<sync_dir>/step-XXXXXX`` (a few MB: the
-  LoRA matrices only) and passed with every request as a LoRA request under a **new adapter id**
-  each step (:meth:`pwopsd.generation.vllm_backend.VLLMBackend.use_adapter`). vLLM's prefix-cache
-  block hashes include the adapter's name, which carries the id, so a step never reuses KV blocks
-  computed with older weights, and a known id with a new path (which vLLM would serve with the old
-  weights) never occurs. This is as on-policy as ``hf``: rollouts come from base + current LoRA,
-  in the engine's dtype. The engine runs in a process of its own that sees only the rank's GPU
-  (:class:`~pwopsd.generation.vllm_backend.VLLMBackend` ``engine_devices``), apart from the
-  trainer's ``torch.distributed`` state.
+Two settings decide it. ``training.rollout_backend`` is the engine:
+
+- ``hf``: the ``hf`` backend in the training process;
+- ``vllm``: a colocated vLLM engine built once per training process, in a process of its own that
+  sees only the rank's GPU (:class:`~pwopsd.generation.vllm_backend.VLLMBackend`
+  ``engine_devices``), apart from the trainer's ``torch.distributed`` state.
+
+``training.rollout_policy`` is what the engine samples (:data:`ROLLOUT_POLICIES`):
+
+- ``adapter``: base + the current LoRA, exactly the trained policy. ``hf`` samples the live PEFT
+  model (nothing to sync); ``vllm`` gets the adapter saved to ``<sync_dir>/step-XXXXXX`` (the LoRA
+  matrices only, a few MB) and passed with every request as a LoRA request under a **new adapter
+  id** each step (:meth:`~pwopsd.generation.vllm_backend.VLLMBackend.use_adapter`). vLLM's
+  prefix-cache block hashes include the adapter's name, which carries the id, so a step never reuses
+  KV blocks computed with older weights, and a known id with a new path (which vLLM would serve with
+  the old weights) never occurs.
+- ``merged_bf16``: the reference's policy. Its trainer merges the LoRA into the **bf16** base
+  weights before loading them into vLLM (:func:`bf16_merged_weight`), so every weight change smaller
+  than half a bf16 step of the base weight is rounded away and the rollouts lag the trained policy.
+  ``hf`` samples a second model holding those merged weights; ``vllm`` rewrites the weights of its
+  engine's model folder (``<sync_dir>/policy``, the base checkpoint's other files linked) and
+  reloads them, resetting the prefix cache.
 
 Per-request seeds come from (seed, step, problem) in the training loop, so a resumed run repeats
-its rollouts on either engine.
+its rollouts on either engine and either policy.
 """
 
 from __future__ import annotations
@@ -31,49 +40,147 @@ from typing import Sequence
 from pwopsd.generation import Completion, GenerationRequest
 from pwopsd.io import atomic_path
 
+ROLLOUT_POLICIES = ("adapter", "merged_bf16")
+# Files of a checkpoint folder that hold weights: the merged policy's folder has its own.
+WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json", "*.pt", "*.pth")
+
+
+def bf16_merged_weight(weight, lora_a, lora_b, scaling: float):
+    """A LoRA layer's weight merged as the reference's vLLM sync merges it: every tensor in bf16
+    (DeepSpeed's bf16 module copies), the update ``B @ A * scaling`` rounded to bf16 once and added
+    to the bf16 base weight in bf16 (PEFT's ``merge_adapter``). An update element smaller than half
+    a bf16 step of its base element is lost."""
+    import torch
+
+    bf16 = torch.bfloat16
+    delta = (lora_b.detach().to(bf16).float() @ lora_a.detach().to(bf16).float()) * scaling
+    return weight.detach().to(bf16) + delta.to(bf16)
+
+
+def merged_bf16_state_dict(peft_model, device: str | None = "cpu") -> dict:
+    """The weights of the ``merged_bf16`` rollout policy, named as in the base checkpoint (tied
+    weights once): every LoRA layer of the active adapter merged by :func:`bf16_merged_weight`,
+    every other weight cast to bf16. ``device=None`` keeps each tensor where the model holds it."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    inner = peft_model.get_base_model()
+    name = peft_model.active_adapter
+    merged = {f"{path}.weight": bf16_merged_weight(m.base_layer.weight, m.lora_A[name].weight, m.lora_B[name].weight,
+                                                   m.scaling[name])
+              for path, m in inner.named_modules() if isinstance(m, LoraLayer) and name in m.lora_A}
+    out = {}
+    with torch.no_grad():
+        for path, param in inner.named_parameters():  # tied weights appear once
+            if ".lora_" in path:
+                continue
+            key = path.replace(".base_layer.", ".")
+            value = merged.pop(key, None)
+            value = param.detach().to(torch.bfloat16) if value is None else value
+            out[key] = value if device is None else value.to(device).contiguous()
+    if merged:
+        raise RuntimeError(f"merged LoRA weights without a base weight of that name: {sorted(merged)[:3]}")
+    return out
+
+
+def _load_policy_weights(model, weights: dict) -> None:
+    """Copy ``weights`` (:func:`merged_bf16_state_dict`) into a plain model of the base's
+    architecture; only tied weights may be absent."""
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"merged policy weights do not fit the model: missing {sorted(set(missing) - tied)[:3]}, "
+                           f"unexpected {sorted(unexpected)[:3]}")
+
+
+def check_policy(policy: str) -> str:
+    if policy not in ROLLOUT_POLICIES:
+        raise ValueError(f"training.rollout_policy: unknown rollout policy {policy!r} ({' or '.join(ROLLOUT_POLICIES)})")
+    return policy
+
 
 class HFRollouts:
-    """Rollouts from the live (PEFT) model with the ``hf`` backend."""
+    """Rollouts with the ``hf`` backend: from the live (PEFT) model ``model`` (``adapter``), or from
+    a second model holding the merged bf16 weights, refreshed at every :meth:`sync` (``merged_bf16``)."""
 
     name = "hf"
 
-    def __init__(self, model, tokenizer, *, batch_size: int):
+    def __init__(self, model, tokenizer, *, batch_size: int, policy: str = "adapter"):
         self.model, self.tokenizer, self.batch_size = model, tokenizer, int(batch_size)
+        self.policy = check_policy(policy)
+        self.policy_model = None
 
     def sync(self, peft_model, step: int) -> float:
-        """Nothing to do: the rollouts run on the trained model itself. Returns the seconds spent (0)."""
-        return 0.0
+        """``adapter``: nothing to do, the rollouts run on the trained model itself. ``merged_bf16``:
+        merge the current adapter into the policy model's weights. Returns the seconds spent."""
+        if self.policy == "adapter":
+            return 0.0
+        from transformers import AutoModelForCausalLM
+
+        t0 = time.perf_counter()
+        inner = peft_model.get_base_model()
+        if self.policy_model is None:  # once: a plain model of the base's architecture, dtype and device
+            dtype = next(inner.parameters()).dtype
+            self.policy_model = AutoModelForCausalLM.from_config(inner.config, dtype=dtype).to(inner.device).eval()
+        _load_policy_weights(self.policy_model, merged_bf16_state_dict(peft_model, device=None))
+        return time.perf_counter() - t0
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
         from pwopsd.generation.hf_backend import HFBackend
 
-        was_training = self.model.training
-        self.model.eval()
+        model = self.policy_model if self.policy == "merged_bf16" else self.model
+        if model is None:
+            raise RuntimeError("merged_bf16 rollouts before the first sync")
+        was_training = model.training
+        model.eval()
         try:
-            return HFBackend(self.model, self.tokenizer, batch_size=self.batch_size).generate(requests)
+            return HFBackend(model, self.tokenizer, batch_size=self.batch_size).generate(requests)
         finally:
-            self.model.train(was_training)
+            model.train(was_training)
 
     def close(self) -> None:
         pass
 
 
+def policy_folder(base_path: str | Path, folder: str | Path) -> Path:
+    """The ``merged_bf16`` engine's model folder: the base checkpoint's files other than weights
+    (config, tokenizer, generation config) linked; the weights are written by each sync."""
+    base, folder = Path(base_path).resolve(), Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in base.iterdir():
+        if f.is_file() and not any(f.match(p) for p in WEIGHT_FILES) and not (folder / f.name).exists():
+            (folder / f.name).symlink_to(f)
+    return folder
+
+
 class VLLMRollouts:
-    """Rollouts from a colocated vLLM engine (``backend``, built with ``max_lora_rank``) that runs
-    the current LoRA adapter, saved under ``sync_dir`` at every :meth:`sync`."""
+    """Rollouts from a colocated vLLM engine (``backend``). ``adapter``: the engine (built with
+    ``max_lora_rank``) runs the current LoRA adapter, saved under ``sync_dir`` at every :meth:`sync`.
+    ``merged_bf16``: the engine's model folder is ``sync_dir/policy`` (:func:`policy_folder`), whose
+    weights every :meth:`sync` rewrites with the merged bf16 policy before the engine reloads them."""
 
     name = "vllm"
 
-    def __init__(self, backend, sync_dir: str | Path):
+    def __init__(self, backend, sync_dir: str | Path, *, policy: str = "adapter"):
         self.backend = backend
         self.sync_dir = Path(sync_dir)
         self.sync_dir.mkdir(parents=True, exist_ok=True)
+        self.policy = check_policy(policy)
         self._current: Path | None = None
 
     def sync(self, peft_model, step: int) -> float:
-        """Save the policy's adapter and point the engine at it (a new adapter id); the previous
-        step's folder is removed (the engine holds the weights it loaded). Returns the seconds spent."""
+        """Feed the engine the current policy; returns the seconds spent. ``adapter``: save the
+        adapter and point the engine at it under a new adapter id (the previous step's folder is
+        removed: the engine holds the weights it loaded). ``merged_bf16``: write the merged weights
+        into the engine's model folder and have the engine reload them (prefix cache reset)."""
         t0 = time.perf_counter()
+        if self.policy == "merged_bf16":
+            from safetensors.torch import save_file
+
+            with atomic_path(self.sync_dir / "policy" / "model.safetensors") as tmp:
+                save_file(merged_bf16_state_dict(peft_model), str(tmp), metadata={"format": "pt", "step": str(step)})
+            self.backend.reload_weights()
+            return time.perf_counter() - t0
         path = self.sync_dir / f"step-{step:06d}"
         with atomic_path(path) as tmp:
             peft_model.save_pretrained(tmp)
@@ -91,12 +198,14 @@ class VLLMRollouts:
 
 
 def make_rollouts(backend: str, *, model, tokenizer, batch_size: int, model_path: str, dtype: str, lora_rank: int,
-                  engine: dict, sync_dir: str | Path, local_rank: int = 0):
-    """The rollout engine of one training process (``training.rollout_backend``): ``hf`` on the
-    live model, or ``vllm`` with ``engine`` settings (the model's ``vllm`` entry: the training
-    memory fraction, CPU KV cache, chunked prefill, in-process core) on the rank's device."""
+                  engine: dict, sync_dir: str | Path, local_rank: int = 0, policy: str = "adapter"):
+    """The rollout engine of one training process (``training.rollout_backend``) sampling the
+    ``policy`` (``training.rollout_policy``): ``hf`` on the live model, or ``vllm`` with ``engine``
+    settings (the model's ``vllm`` entry: the training memory fraction, CPU KV cache, chunked
+    prefill, in-process core) on the rank's device."""
+    check_policy(policy)
     if backend == "hf":
-        return HFRollouts(model, tokenizer, batch_size=batch_size)
+        return HFRollouts(model, tokenizer, batch_size=batch_size, policy=policy)
     if backend != "vllm":
         raise ValueError(f"training.rollout_backend: unknown rollout backend {backend!r} (hf or vllm)")
     import torch
@@ -104,6 +213,10 @@ def make_rollouts(backend: str, *, model, tokenizer, batch_size: int, model_path
     from pwopsd.generation.sampling import make_backend
 
     devices = str(local_rank) if torch.cuda.is_available() else ""  # the rank's own GPU (on CPU: none)
-    vllm = make_backend("vllm", {"path": model_path}, dtype=dtype, max_model_len=None,
-                        options={**engine, "tensor_parallel_size": 1, "max_lora_rank": lora_rank, "engine_devices": devices})
-    return VLLMRollouts(vllm, sync_dir)
+    if policy == "merged_bf16":  # the engine serves its own folder's weights, no adapters
+        path, lora = str(policy_folder(model_path, Path(sync_dir) / "policy")), None
+    else:
+        path, lora = model_path, lora_rank
+    vllm = make_backend("vllm", {"path": path}, dtype=dtype, max_model_len=None,
+                        options={**engine, "tensor_parallel_size": 1, "max_lora_rank": lora, "engine_devices": devices})
+    return VLLMRollouts(vllm, sync_dir, policy=policy)

@@ -192,6 +192,16 @@ class Adapter:
         return LoRARequest(f"adapter-{self.int_id}", self.int_id, self.path)
 
 
+def reload_engine_weights(llm) -> None:
+    """Load the weights again from the engine's model folder, which the caller has rewritten (a
+    training run's merged rollout policy, :meth:`VLLMBackend.reload_weights`), and drop every cached
+    KV block: blocks computed with the old weights would otherwise be served to prompts that share
+    a prefix-cache block with earlier ones (silently stale rollouts)."""
+    llm.collective_rpc("reload_weights")
+    if not llm.reset_prefix_cache():
+        raise RuntimeError("vLLM refused to reset its prefix cache after a weight reload (requests still running)")
+
+
 def run_engine(llm, requests: Sequence[GenerationRequest], min_p: float,
                adapter: Adapter | None = None) -> list[list[Completion]]:
     """Generate ``requests`` on an already built engine (token-id prompts, per-request params)."""
@@ -241,6 +251,7 @@ class VLLMBackend:
             max_lora_rank=max_lora_rank)
         self.adapter: Adapter | None = None
         self._adapter_ids = 0
+        self._reload = False  # the model folder's weights changed since the engine loaded them
         # A single engine in a process of its own that sees only these devices (a training rank's
         # colocated rollout engine: its own GPU, apart from the trainer's torch.distributed state).
         self.engine_devices = engine_devices
@@ -265,16 +276,25 @@ class VLLMBackend:
         self._adapter_ids += 1
         self.adapter = None if path is None else Adapter(str(path), self._adapter_ids)
 
+    def reload_weights(self) -> None:
+        """The model folder's weights were rewritten: every engine of the job loads them again (and
+        resets its prefix cache) before it serves the next :meth:`generate` call. An engine not
+        built yet loads them when it starts."""
+        self._reload = True
+
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
         requests = list(requests)
+        reload, self._reload = self._reload, False
         if self.data_parallel_size == 1 and self.engine_devices is None:
             if self._llm is None:
                 self._llm = build_engine(self.engine_kwargs)
+            elif reload:
+                reload_engine_weights(self._llm)
             return run_engine(self._llm, requests, self.min_p, self.adapter)
         ranks = self._start_ranks()
         shards = round_robin(len(requests), self.data_parallel_size)
         for rank, idx in zip(ranks, shards):
-            rank.submit([requests[i] for i in idx], self.adapter)
+            rank.submit([requests[i] for i in idx], self.adapter, reload)
         results: list[list[Completion]] = [[] for _ in requests]
         for rank, idx in zip(ranks, shards):
             for i, completions in zip(idx, rank.result()):
@@ -323,8 +343,13 @@ class _EngineProcess:
         self.process.start()
         child.close()
 
-    def submit(self, requests: list[GenerationRequest], adapter: Adapter | None = None) -> None:
-        self.conn.send((requests, adapter))
+    def submit(self, requests: list[GenerationRequest], adapter: Adapter | None = None, reload: bool = False) -> None:
+        try:
+            self.conn.send((requests, adapter, reload))
+        except (BrokenPipeError, ConnectionResetError):
+            self.process.join(timeout=5)
+            raise RuntimeError(f"vLLM engine process {self.rank} died (exit code {self.process.exitcode}); "
+                               "see its output above") from None
 
     def result(self) -> list[list[Completion]]:
         try:
@@ -370,10 +395,12 @@ def _engine_process_main(engine_kwargs: dict, min_p: float, gpus: str, conn) -> 
                 break
             if message is None:
                 break
-            requests, adapter = message
+            requests, adapter, reload = message
             try:
                 if llm is None:
                     llm = build_engine(engine_kwargs)
+                elif reload:
+                    reload_engine_weights(llm)
                 conn.send(("ok", run_engine(llm, requests, min_p, adapter)))
             except Exception as exc:  # reported to the parent, which fails the job with this cause
                 conn.send(("error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))

@@ -142,7 +142,7 @@ def run(args: dict) -> None:
                                      batch_size=cfg.rollout_batch_size, model_path=manifest["path"], dtype=args["dtype"],
                                      lora_rank=cfg.lora_r, engine=cfg.rollout_engine,
                                      sync_dir=Path(args["work_dir"]) / "rollout-sync" / f"rank-{rank}",
-                                     local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+                                     local_rank=int(os.environ.get("LOCAL_RANK", "0")), policy=cfg.rollout_policy)
         trainer = Trainer(model, tokenizer, examples, cfg, args["work_dir"],
                           add_special_tokens=args["chat_template"].get("add_special_tokens", True),
                           think_closure=args["chat_template"].get("think_closure", True), answer_check=check,

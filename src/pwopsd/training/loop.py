@@ -73,6 +73,7 @@ class TrainConfig:
     gradient_checkpointing: bool  # the reference launchers' setting; memory only, values unchanged
     rollout_backend: str  # hf (the live model) | vllm (a colocated engine synced every step)
     rollout_engine: dict  # the vLLM rollout engine's settings ({} for hf)
+    rollout_policy: str  # adapter (base + current LoRA, exactly on-policy) | merged_bf16 (the reference's)
 
     @property
     def rank_batch(self) -> int:
@@ -171,6 +172,11 @@ def _set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
+class RolloutEngineError(RuntimeError):
+    """The rollout engine failed during training; the message names the step, the engine's own
+    first line and the checkpoint a rerun resumes from (the cause's traceback is in the log)."""
+
+
 def latest_checkpoint(work_dir: Path) -> Path | None:
     done = sorted(p for p in work_dir.glob("step-*") if (p / "trainer_state.pt").exists())
     return done[-1] if done else None
@@ -217,7 +223,7 @@ class Trainer:
         # The rollout engine (pwopsd.generation.rollout): by default the live model; the train job
         # passes a colocated vLLM one (training.rollout_backend: vllm, made by make_rollouts).
         self.rollout_engine = rollouts if rollouts is not None else HFRollouts(
-            self.inner, tokenizer, batch_size=cfg.rollout_batch_size)
+            self.inner, tokenizer, batch_size=cfg.rollout_batch_size, policy=cfg.rollout_policy)
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self) -> Path | None:
@@ -262,12 +268,22 @@ class Trainer:
         return [int(i) for i in self.order[start : start + b]]
 
     def rollouts(self, idx: list[int], step: int) -> list[list[int]]:
-        """The step's rollouts from the current policy: the rollout engine is synced to it first."""
-        self.sync_seconds = self.rollout_engine.sync(self.model, step)
+        """The step's rollouts from the current policy: the rollout engine is synced to it first.
+        An engine that fails (it cannot start, or it died) fails the run with a line that names the
+        step and the checkpoint a rerun resumes from."""
         reqs = [GenerationRequest(tuple(self.student_ids[i]), n=1, seed=rollout_seed(self.cfg.seed, step, i),
                                   temperature=self.cfg.temperature, top_p=self.cfg.rollout_top_p, top_k=self.cfg.rollout_top_k,
                                   max_new_tokens=self.cfg.max_completion_length) for i in idx]
-        return [o[0].token_ids for o in self.rollout_engine.generate(reqs)]
+        try:
+            self.sync_seconds = self.rollout_engine.sync(self.model, step)
+            return [o[0].token_ids for o in self.rollout_engine.generate(reqs)]
+        except Exception as exc:
+            ckpt = latest_checkpoint(self.work_dir)
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise RolloutEngineError(
+                f"rank {self.rank}: the {self.rollout_engine.name} rollout engine failed at step {step} "
+                f"({type(exc).__name__}: {first}); a rerun resumes from "
+                f"{ckpt.name if ckpt else 'step 0 (no checkpoint yet)'}") from exc
 
     def train_step(self) -> dict[str, float]:
         cfg, step = self.cfg, self.step
