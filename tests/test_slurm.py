@@ -154,7 +154,7 @@ def slurm_run(tiny_run, slurm_cluster, tmp_path_factory):
     the CPU), as a paper model would. The profile is the user's one-file edit (account, partitions)
     plus what a 2-CPU node can hold: one CPU and one thread per job, memory that fits. `candidates`
     asks for too little memory on its first attempt, is killed by Slurm and is resubmitted with
-    the attempt-scaled limits.
+    the attempt-scaled limits. The diagnostic runs on 4 problems per level instead of 12.
     """
     source, _ = tiny_run
     work = tmp_path_factory.mktemp("slurm_work")
@@ -163,6 +163,8 @@ def slurm_run(tiny_run, slurm_cluster, tmp_path_factory):
     config = yaml.safe_load((REPO / "tiny" / "config" / "config.yaml").read_text())
     config["models"]["tiny_qwen3"]["gpus"] = {"generate": 2, "train": 0, "forward": 1}
     config["models"]["tiny_qwen3"]["vllm"] = {"tensor_parallel_size": 2}
+    # A third of the tiny run's problems: the jobs, resources and retries are what is tested here.
+    config["diagnostic"]["datasets"] = {name: 4 for name in config["diagnostic"]["datasets"]}
     (work / "config").mkdir()
     (work / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     prof_dir = filled_profile(tmp_path_factory.mktemp("profile"), threads=1, account=slurm_cluster.account)

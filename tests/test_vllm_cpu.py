@@ -8,7 +8,8 @@ when the lock or pyproject.toml changes) and, in it,
 - run ``tests/vllm_cpu/`` on the model the tiny run built (greedy vLLM = greedy hf token for
   token, seeded samples independent of batch and run, the unseeded run's provenance, resumable
   shards, spines, data parallelism with no engine process left, a failed engine start; training
-  with the colocated vLLM rollout engine: its sync, kill and resume, 2 processes);
+  with the colocated vLLM rollout engine: its sync for both rollout policies, an engine that dies
+  mid-run and the rerun that resumes, an engine that cannot start, 2 processes);
 - run the tiny diagnostic (Phases A-G, Table 1) and one evaluation target with
   ``evaluation.backend: vllm`` (``tiny/config/vllm.yaml``) through the real Snakemake.
 

