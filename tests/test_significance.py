@@ -95,3 +95,45 @@ def test_compare_reports_points_and_the_design():
     assert (c.problems, c.method_runs, c.baseline_runs, c.eval_seeds) == (30, 2, 2, 3)
     same = compare(base, base, n_boot=500)
     assert same.delta == 0 and same.p_value == 1.0 and same.contains(0.0)
+
+
+def _summary(checkpoint, benchmark, seed, values, metric="avg"):
+    return {"model": "m", "checkpoint": checkpoint, "benchmark": benchmark, "seed_name": seed,
+            "problems": [{"problem_id": pid, metric: v} for pid, v in values.items()]}
+
+
+def test_problem_scores_align_problems_by_id_and_seeds_by_name():
+    from pwopsd.report.significance import problem_scores
+
+    summaries = [_summary("a", "b1", "2", {"p2": 0.5, "p1": 0.25}), _summary("a", "b1", "1", {"p1": 1.0, "p2": 0.0}),
+                 _summary("a", "b2", "1", {"p9": 1.0})]
+    np.testing.assert_array_equal(problem_scores(summaries, "m", "a", "b1", "avg")[:, 0, :], [[1.0, 0.25], [0.0, 0.5]])
+    summaries.append(_summary("a", "b1", "3", {"p1": 1.0}))
+    with pytest.raises(ValueError, match="seed 3 holds other problems"):
+        problem_scores(summaries, "m", "a", "b1", "avg")
+    with pytest.raises(ValueError, match="no metrics for m/c/b1"):
+        problem_scores(summaries, "m", "c", "b1", "avg")
+
+
+def test_the_mean_column_is_the_mean_of_the_benchmark_deltas_and_holm_runs_per_metric():
+    from pwopsd.report.significance import significance_frame
+
+    rng = np.random.default_rng(7)
+    summaries = []
+    for ckpt, shift in (("base", 0.0), ("x", 0.1), ("y", 0.0)):
+        for bench, n in (("b1", 30), ("b2", 12)):
+            for seed in ("1", "2"):
+                values = {f"q{i}": float(np.clip(rng.normal(0.4 + shift, 0.2), 0, 1)) for i in range(n)}
+                summary = _summary(ckpt, bench, seed, values)
+                for p in summary["problems"]:
+                    p["pass"] = float(p["avg"] > 0)
+                summaries.append(summary)
+    frame = significance_frame(summaries, [("m", "x", "base"), ("m", "y", "base")], ["b1", "b2"], ["avg", "pass"], n_boot=500)
+    assert len(frame) == 12
+    for method in ("x", "y"):
+        rows = frame[(frame["method"] == method) & (frame["metric"] == "avg")].set_index("benchmark")
+        assert rows.loc["mean", "delta"] == pytest.approx((rows.loc["b1", "delta"] + rows.loc["b2", "delta"]) / 2)
+        assert rows.loc["mean", "problems"] == 42
+    for metric in ("avg", "pass"):  # one family per metric
+        rows = frame[frame["metric"] == metric]
+        np.testing.assert_allclose(rows["p_holm"], holm(rows["p"]))

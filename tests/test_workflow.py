@@ -164,9 +164,32 @@ def test_tiny_run_writes_tables_and_figures(tiny_run):
     assert ablation.count("\\mathbf") == 1 and "Pos-w / global" in ablation
     numbers = pd.read_csv(workdir / "results/tables/main_4b.csv")
     assert set(numbers["checkpoint"]) == {"opsd", "eopd", "reopold", "pwopsd_moderate", "pwopsd_aggressive"}
-    for fig in ("pwopsd_schedules", "training_curves_tiny_qwen3"):
+    for fig in ("pwopsd_schedules", "training_curves_tiny_qwen3", "deltas_main_4b", "deltas_schedules_4b", "deltas_cross_model"):
         assert (workdir / f"results/figures/{fig}.pdf").read_bytes()[:5] == b"%PDF-"
         assert len(pd.read_csv(workdir / f"results/figures/{fig}.csv")) > 0
+
+
+@pytest.mark.workflow
+def test_tiny_run_tests_each_method_against_opsd(tiny_run):
+    """Beyond the paper: significance tables for the main, schedules and cross-model tables, each
+    method against OPSD on every benchmark and the mean column, from the same metrics as the tables."""
+    workdir, _ = tiny_run
+    sig = pd.read_csv(workdir / "results/tables/significance_main_4b.csv")
+    assert set(sig["method"]) == {"eopd", "reopold", "pwopsd_moderate", "pwopsd_aggressive"} and set(sig["baseline"]) == {"opsd"}
+    assert set(sig["benchmark"]) == {"arith_l1", "arith_l2", "arith_l3", "arith_l3_wide", "mean"}
+    assert set(sig["metric"]) == {"avg", "maj", "pass"} and len(sig) == 4 * 5 * 3
+    assert (sig["low"] <= sig["delta"] + 1e-9).all() and (sig["delta"] <= sig["high"] + 1e-9).all()
+    assert ((sig["p"] > 0) & (sig["p"] <= sig["p_holm"]) & (sig["p_holm"] <= 1)).all()
+    assert (sig["eval_seeds"] == 3).all() and (sig["method_runs"] == 1).all()
+    table = pd.read_csv(workdir / "results/tables/main_4b.csv")
+    table = table[table["metric"] == "avg"]
+    cell = lambda c, b: table[(table["checkpoint"] == c) & (table["benchmark"] == b)]["mean"].item()  # noqa: E731
+    row = sig[(sig["method"] == "pwopsd_moderate") & (sig["benchmark"] == "arith_l3") & (sig["metric"] == "avg")].iloc[0]
+    assert row["delta"] == pytest.approx(cell("pwopsd_moderate", "arith_l3") - cell("opsd", "arith_l3"), abs=1e-4)
+    sched = pd.read_csv(workdir / "results/tables/significance_schedules_4b.csv")
+    assert "pwopsd_fitted" in set(sched["method"]) and set(sched["baseline"]) == {"opsd"}
+    tex = (workdir / "results/tables/significance_main_4b.tex").read_text()
+    assert tex.count("Avg@12 & Tiny-Qwen3 &") == 4 and "Holm" in tex
 
 
 @pytest.mark.workflow
@@ -281,7 +304,8 @@ def test_tiny_html_report_shows_every_table_and_figure(tiny_run):
                 for ext in ("tex", "csv")]
     expected += [f"results/figures/{f}.pdf" for f in ("branch_auroc", "branch_auroc_scatter", "pwopsd_schedules",
                                                       "training_curves_tiny_qwen3")]
-    expected += ["results/report/reproduction.md", "results/report/reproduction.pdf"]
+    expected += ["results/report/reproduction.md", "results/report/reproduction.pdf", "results/tables/significance_main_4b.tex",
+                 "results/figures/deltas_main_4b.pdf"]
     assert set(expected) <= set(results), set(expected) - set(results)
     for path in expected:
         entry = results[path]

@@ -162,6 +162,13 @@ def _semantic_problems(cfg: dict) -> list[str]:
                 problems.append(f"tables.{kind}.output: {spec['output']!r} is already the output of "
                                 f"tables.{seen_outputs[spec['output']]} (each table needs its own file)")
             seen_outputs.setdefault(spec["output"], kind)
+    sig = cfg.get("significance") or {}
+    if sig.get("tables") and tables:
+        if sig["baseline"] not in cfg.get("methods", {}):
+            problems.append(f"significance.baseline: {sig['baseline']!r} is not a configured method")
+        for i, kind in enumerate(sig["tables"]):
+            if kind not in tables:
+                problems.append(f"significance.tables.{i}: {kind!r} has no tables.{kind} entry")
     if tables and "training" not in cfg:
         problems.append("tables: needs a 'training' section (the tables compare trained methods)")
     diag = cfg.get("diagnostic")
@@ -372,6 +379,20 @@ def training_runs(cfg: dict) -> list[tuple[str, str]]:
     fitted, diagnosed = set(fitted_methods(cfg)), set(diagnostic_models(cfg))
     return [(model, method) for model in trained_models(cfg) for method in cfg.get("methods", {})
             if method not in fitted or model in diagnosed]
+
+
+def significance_comparisons(cfg: dict) -> dict[str, list[tuple[str, str, str]]]:
+    """Output name of each table with a significance test -> its (model, method, baseline)
+    comparisons: every method of the table but the baseline, against the baseline of the same model."""
+    sig = cfg.get("significance") or {}
+    runs, outputs = table_runs(cfg), {kind: out for out, kind in table_outputs(cfg).items()}
+    return {outputs[kind]: [(mo, me, sig["baseline"]) for mo, me in runs[kind] if me != sig["baseline"]]
+            for kind in sig.get("tables", []) if kind in runs and kind in outputs}
+
+
+def significance_runs(cfg: dict, output: str) -> list[tuple[str, str]]:
+    """(model, checkpoint) runs a significance table reads: the table's methods and the baseline."""
+    return list(dict.fromkeys((mo, c) for mo, me, base in significance_comparisons(cfg)[output] for c in (me, base)))
 
 
 def table_outputs(cfg: dict) -> dict[str, str]:

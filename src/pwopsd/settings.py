@@ -154,6 +154,20 @@ def table_spec(cfg: dict, wc) -> dict:
             "n": cfg["evaluation"]["n"], "models": tables[kind].get("models") or list(cfg["models"])}
 
 
+def significance_spec(cfg: dict, wc) -> dict:
+    """What rule ``significance`` computes for one table output: its comparisons, benchmarks,
+    metrics, test settings and the labels of its rendering."""
+    sig, tables = cfg["significance"], cfg["tables"]
+    methods = cfg.get("methods", {})
+    comparisons = C.significance_comparisons(cfg)[wc.table]
+    names = {n for _, me, base in comparisons for n in (me, base)}
+    return {"comparisons": [list(c) for c in comparisons], "benchmarks": benchmarks(cfg),
+            "metrics": list(sig["metrics"]), "level": sig["level"], "n_boot": sig["n_boot"], "max_exact": sig["max_exact"],
+            "n_perm": sig["n_perm"], "seed": sig["seed"], "n": cfg["evaluation"]["n"],
+            "method_labels": {n: methods[n].get("label", n) for n in sorted(names)},
+            "benchmark_labels": tables.get("benchmark_labels", {}), "model_labels": tables.get("model_labels", {})}
+
+
 def schedules(cfg: dict, wc=None) -> dict[str, dict[str, Any]]:
     """The PW-OPSD schedules of the schedules table, by method: display name and (w_min, tau, s)
     (``None`` for a schedule fitted to the diagnostic: the figure reads it from the fit's file)."""

@@ -59,6 +59,7 @@ DIAGNOSTIC_MODELS = cfgmod.diagnostic_models(config)
 DIAGNOSTIC_MODEL = cfgmod.diagnostic_model(config)  # Table 1 and Figure 1
 FITTED_METHODS = cfgmod.fitted_methods(config)
 TABLE_OUTPUTS = cfgmod.table_outputs(config)
+SIGNIFICANCE_OUTPUTS = list(cfgmod.significance_comparisons(config))
 # A generate job per seed (its {seed} wildcard) or one for every seed of a checkpoint.
 if settings.seeds_per_job(config) == "one":
     GENERATION_SEEDS, GENERATION_SEED_NAME = ["{seed}"], "{seed}"
@@ -147,12 +148,17 @@ def table_metrics(wildcards):
     return seed_metrics(TABLE_RUNS[TABLE_OUTPUTS[wildcards.table]])
 
 
+def significance_metrics(wildcards):
+    return seed_metrics(cfgmod.significance_runs(config, wildcards.table))
+
+
 def training_logs_of_model(wildcards):
     return [f"results/training/{wildcards.model}/{m}/train_log.jsonl" for m in settings.curve_runs(config, wildcards)]
 
 
 def all_tables_and_figures():
     files = [f"results/tables/{name}.tex" for name in TABLE_OUTPUTS]
+    files += [f"results/tables/significance_{name}.tex" for name in SIGNIFICANCE_OUTPUTS]
     if config.get("tables", {}).get("schedules"):
         files.append("results/figures/pwopsd_schedules.pdf")
     files += [f"results/figures/training_curves_{m}.pdf" for m in dict.fromkeys(mo for mo, _ in runs_in_tables())]

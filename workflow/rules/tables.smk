@@ -5,6 +5,8 @@
 rule table:
     input:
         metrics=table_metrics,
+    wildcard_constraints:
+        table=_alternatives(list(TABLE_OUTPUTS)),
     output:
         tex=report("results/tables/{table}.tex", caption="../report/table.rst", category="Tables", labels={"table": "{table}", "format": "LaTeX"}),
         csv=report("results/tables/{table}.csv", caption="../report/table.rst", category="Tables", labels={"table": "{table}", "format": "CSV"}),
@@ -20,6 +22,31 @@ rule table:
         "../../envs/analysis.yaml"
     script:
         "../scripts/make_table.py"
+
+
+# Beyond the paper: is a method's gain larger than the noise? Each method of a table against the
+# baseline (significance.baseline), paired by problem, from the same per-seed metrics as the table.
+rule significance:
+    input:
+        metrics=significance_metrics,
+    output:
+        tex=report("results/tables/significance_{table}.tex", caption="../report/significance.rst", category="Tables", labels={"table": "significance {table}", "format": "LaTeX"}),
+        csv="results/tables/significance_{table}.csv",
+        pdf=report("results/figures/deltas_{table}.pdf", caption="../report/significance.rst", category="Figures", labels={"figure": "deltas {table}"}),
+        figure_csv="results/figures/deltas_{table}.csv",
+        provenance="results/tables/significance_{table}.provenance.json",
+    wildcard_constraints:
+        table=_alternatives(SIGNIFICANCE_OUTPUTS),
+    params:
+        spec=config_param(settings.significance_spec),
+    log:
+        "logs/tables/significance_{table}.log",
+    benchmark:
+        "logs/benchmarks/tables/significance_{table}.tsv"
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/significance.py"
 
 
 rule schedules_figure:

@@ -238,3 +238,34 @@ def branch_scatter_figure(scored: pd.DataFrame, *, labels: dict, pdf_path: str |
             ax.legend(fontsize=7)
     save_figure(fig, table, pdf_path, csv_path)
     return table
+
+
+def deltas_figure(frame: pd.DataFrame, *, labels: dict[str, str], benchmark_labels: dict[str, str], pdf_path: str | Path,
+                  csv_path: str | Path, metric: str = "avg") -> pd.DataFrame:
+    """Forest plot of each method's difference to the baseline (``significance_frame`` rows of one
+    metric): one panel per benchmark (and the mean column), Δ with its interval, 0 marked."""
+    plt = _pyplot()
+    data = frame[frame["metric"] == metric].copy()
+    data["row"] = [f"{labels.get(me, me)} ({mo})" if data["model"].nunique() > 1 else labels.get(me, me)
+                   for mo, me in zip(data["model"], data["method"])]
+    benchmarks = list(dict.fromkeys(data["benchmark"]))
+    rows = list(dict.fromkeys(data["row"]))
+    fig, axes = plt.subplots(1, len(benchmarks), figsize=(2.6 * len(benchmarks) + 1.5, 0.45 * len(rows) + 1.2),
+                             sharey=True, squeeze=False)
+    for ax, bench in zip(axes[0], benchmarks):
+        sub = data[data["benchmark"] == bench].set_index("row").reindex(rows)
+        y = np.arange(len(rows))[::-1]
+        significant = sub["p_holm"] < 0.05
+        ax.errorbar(sub["delta"], y, xerr=[sub["delta"] - sub["low"], sub["high"] - sub["delta"]], fmt="none",
+                    ecolor="0.4", capsize=2, lw=1)
+        ax.scatter(sub["delta"][~significant], y[~significant.to_numpy()], color="0.4", zorder=3, s=18)
+        ax.scatter(sub["delta"][significant], y[significant.to_numpy()], color="C3", zorder=3, s=22, label="Holm p < 0.05")
+        ax.axvline(0.0, color="k", lw=0.8, ls="--")
+        ax.set_title(benchmark_labels.get(bench, "Mean" if bench == "mean" else bench))
+        ax.set_xlabel(f"Δ {metric} (points)")
+        ax.set_yticks(y)
+        ax.set_yticklabels(rows)
+    baseline = ", ".join(sorted({labels.get(b, b) for b in data["baseline"]}))
+    fig.suptitle(f"Difference to {baseline}, paired by problem")
+    save_figure(fig, data.drop(columns=["row"]), pdf_path, csv_path)
+    return data

@@ -65,24 +65,34 @@ def paired_delta(method, baseline) -> float:
 def bootstrap_deltas(method, baseline, *, n_boot: int = 10000, seed: int = 0) -> np.ndarray:
     """Bootstrap replicates of :func:`paired_delta`: problems resampled as clusters, training runs
     resampled per method and shared by all problems, eval seeds kept (see the module docstring)."""
-    m, b = _scores(method), _scores(baseline)
-    n_problems = m.shape[0]
-    if b.shape[0] != n_problems:
-        raise ValueError(f"paired by problem: {n_problems} problems against {b.shape[0]}")
+    return stratified_bootstrap_deltas([(method, baseline)], n_boot=n_boot, seed=seed)
+
+
+def stratified_bootstrap_deltas(strata: Sequence[tuple], *, n_boot: int = 10000, seed: int = 0) -> np.ndarray:
+    """Bootstrap replicates of the mean over strata (benchmarks: a table's mean column) of each
+    stratum's :func:`paired_delta`. Problems are resampled within their stratum; a replicate's
+    training runs are drawn once per method and shared by every stratum and problem (a run is the
+    same model on every benchmark), so every stratum must list the same runs in the same order."""
+    pairs = [(_scores(m), _scores(b)) for m, b in strata]
+    for m, b in pairs:
+        if m.shape[0] != b.shape[0]:
+            raise ValueError(f"paired by problem: {m.shape[0]} problems against {b.shape[0]}")
+        if (m.shape[1], b.shape[1]) != (pairs[0][0].shape[1], pairs[0][1].shape[1]):
+            raise ValueError("every stratum needs the same training runs")
     rng = np.random.default_rng(seed)
-    m_run = m.mean(axis=2)  # [P, R]: eval seeds kept, averaged within each (problem, run)
-    b_run = b.mean(axis=2)
+    runs_m_n, runs_b_n = pairs[0][0].shape[1], pairs[0][1].shape[1]
+    per_run = [(m.mean(axis=2), b.mean(axis=2)) for m, b in pairs]  # [P, R]: seeds averaged within (problem, run)
     out = np.empty(n_boot)
     for start in range(0, n_boot, 1000):  # in blocks: memory stays ~1000 x problems
         k = min(1000, n_boot - start)
-        problems = rng.integers(0, n_problems, size=(k, n_problems))
-        runs_m = rng.integers(0, m_run.shape[1], size=(k, m_run.shape[1]))
-        runs_b = rng.integers(0, b_run.shape[1], size=(k, b_run.shape[1]))
-        # mean over resampled runs for every problem, then over resampled problems
-        per_m = m_run[:, runs_m].mean(axis=2).T  # [k, P]
-        per_b = b_run[:, runs_b].mean(axis=2).T
-        diff = per_m - per_b
-        out[start : start + k] = np.take_along_axis(diff, problems, axis=1).mean(axis=1)
+        runs_m = rng.integers(0, runs_m_n, size=(k, runs_m_n))
+        runs_b = rng.integers(0, runs_b_n, size=(k, runs_b_n))
+        total = np.zeros(k)
+        for m_run, b_run in per_run:
+            problems = rng.integers(0, m_run.shape[0], size=(k, m_run.shape[0]))
+            diff = m_run[:, runs_m].mean(axis=2).T - b_run[:, runs_b].mean(axis=2).T  # [k, P]
+            total += np.take_along_axis(diff, problems, axis=1).mean(axis=1)
+        out[start : start + k] = total / len(per_run)
     return out
 
 
@@ -153,10 +163,70 @@ def compare(method, baseline, *, level: float = 0.95, n_boot: int = 10000, seed:
             max_exact: int = 20, n_perm: int = 100000) -> Comparison:
     """Δ = method − baseline (× ``scale``: points for fractions), its ``level`` bootstrap interval
     and the sign-flip p-value over problems."""
-    m, b = _scores(method), _scores(baseline)
-    diffs = problem_differences(m, b)
-    low, high = percentile_interval(bootstrap_deltas(m, b, n_boot=n_boot, seed=seed), level)
-    return Comparison(delta=float(diffs.mean()) * scale, low=low * scale, high=high * scale,
-                      p_value=sign_flip_p_value(diffs, max_exact=max_exact, n_perm=n_perm, seed=seed),
-                      problems=m.shape[0], method_runs=m.shape[1], baseline_runs=b.shape[1],
-                      eval_seeds=min(m.shape[2], b.shape[2]))
+    return compare_strata([(method, baseline)], level=level, n_boot=n_boot, seed=seed, scale=scale,
+                          max_exact=max_exact, n_perm=n_perm)
+
+
+def compare_strata(strata: Sequence[tuple], *, level: float = 0.95, n_boot: int = 10000, seed: int = 0,
+                   scale: float = 100.0, max_exact: int = 20, n_perm: int = 100000) -> Comparison:
+    """:func:`compare` for the mean over strata (benchmarks, equal weights) of the per-stratum
+    deltas: stratified bootstrap, and a sign-flip test whose statistic is that mean, i.e. the sum
+    of the problems' differences each weighted by 1 / (its stratum's problems)."""
+    pairs = [(_scores(m), _scores(b)) for m, b in strata]
+    diffs = [problem_differences(m, b) for m, b in pairs]
+    delta = float(np.mean([d.mean() for d in diffs]))
+    weighted = np.concatenate([d / d.size for d in diffs])
+    low, high = percentile_interval(stratified_bootstrap_deltas(pairs, n_boot=n_boot, seed=seed), level)
+    return Comparison(delta=delta * scale, low=low * scale, high=high * scale,
+                      p_value=sign_flip_p_value(weighted, max_exact=max_exact, n_perm=n_perm, seed=seed),
+                      problems=sum(d.size for d in diffs), method_runs=pairs[0][0].shape[1],
+                      baseline_runs=pairs[0][1].shape[1], eval_seeds=min(min(m.shape[2], b.shape[2]) for m, b in pairs))
+
+
+# -- from the per-seed metrics files of the evaluation (results/metrics/<model>/<ckpt>/<bench>/seed-<s>.json)
+
+METRICS = {"avg": "Avg", "maj": "Maj", "pass": "Pass"}
+
+
+def problem_scores(summaries: Sequence[dict], model: str, checkpoint: str, benchmark: str, metric: str) -> np.ndarray:
+    """``[problems, 1, eval seeds]`` per-problem values of ``metric`` (fractions) for one checkpoint
+    (one training run) on one benchmark, problems ordered by id and seeds by name; every seed must
+    hold the same problems."""
+    seeds = sorted((s for s in summaries if (s["model"], s["checkpoint"], s["benchmark"]) == (model, checkpoint, benchmark)),
+                   key=lambda s: str(s["seed_name"]))
+    if not seeds:
+        raise ValueError(f"no metrics for {model}/{checkpoint}/{benchmark}")
+    columns, ids = [], None
+    for s in seeds:
+        per = {str(p["problem_id"]): float(p[metric]) for p in s["problems"]}
+        if ids is None:
+            ids = sorted(per)
+        elif sorted(per) != ids:
+            raise ValueError(f"{model}/{checkpoint}/{benchmark}: seed {s['seed_name']} holds other problems")
+        columns.append([per[i] for i in ids])
+    return np.asarray(columns, dtype=float).T[:, None, :]
+
+
+def significance_frame(summaries: Sequence[dict], comparisons: Sequence[tuple[str, str, str]], benchmarks: Sequence[str],
+                       metrics: Sequence[str], *, mean_name: str = "mean", level: float = 0.95, n_boot: int = 10000,
+                       seed: int = 0, max_exact: int = 20, n_perm: int = 100000) -> "pd.DataFrame":
+    """One row per (model, method vs baseline, metric, benchmark or the mean column): Δ in points,
+    its interval, p and Holm's adjustment over every row of the same metric (one table's family)."""
+    import pandas as pd
+
+    rows = []
+    for metric in metrics:
+        for model, method, baseline in comparisons:
+            strata = [(problem_scores(summaries, model, method, b, metric), problem_scores(summaries, model, baseline, b, metric))
+                      for b in benchmarks]
+            parts = [(b, [st]) for b, st in zip(benchmarks, strata)] + ([(mean_name, strata)] if len(strata) > 1 else [])
+            for bench, group in parts:
+                c = compare_strata(group, level=level, n_boot=n_boot, seed=seed, max_exact=max_exact, n_perm=n_perm)
+                rows.append({"model": model, "method": method, "baseline": baseline, "metric": metric, "benchmark": bench,
+                             "delta": c.delta, "low": c.low, "high": c.high, "p": c.p_value, "problems": c.problems,
+                             "method_runs": c.method_runs, "baseline_runs": c.baseline_runs, "eval_seeds": c.eval_seeds})
+    frame = pd.DataFrame(rows)
+    frame["p_holm"] = np.nan
+    for metric, idx in frame.groupby("metric").groups.items():
+        frame.loc[idx, "p_holm"] = holm(frame.loc[idx, "p"].to_numpy())
+    return frame

@@ -202,3 +202,42 @@ def branch_auroc_table(summary: dict, *, model_label: str) -> str:
             a, ci = f"\\mathbf{{{a}}}", (f"\\mathbf{{{ci}}}" if ci != "n/a" else ci)
         body.append(f"{row['label']} & ${a}$ & ${ci}$\\\\" if ci != "n/a" else f"{row['label']} & ${a}$ & n/a\\\\")
     return _wrap(body, caption, "tab:branch-auroc", "lcc", width="0.95\\linewidth", vspace="-0.5cm")
+
+
+def _signed(x: float, digits: int = 2) -> str:
+    return f"${x:+.{digits}f}$"
+
+
+def significance_table(frame, *, metric_labels: dict[str, str], method_labels: dict[str, str], model_labels: dict[str, str],
+                       benchmark_labels: dict[str, str], level: float, n: int, label: str, alpha: float = 0.05) -> str:
+    """Each method against the baseline (:func:`pwopsd.report.significance.significance_frame`): per
+    metric a block of rows (model, method), per benchmark (and the mean column) Δ in points, its
+    interval and the Holm-adjusted p; Δ in bold where that p is below ``alpha``."""
+    benchmarks = list(dict.fromkeys(frame["benchmark"]))
+    baseline = ", ".join(sorted({method_labels.get(b, b) for b in frame["baseline"]}))
+    models = list(dict.fromkeys(frame["model"]))
+    body = ["Metric & Model & Method & " + " & ".join(benchmark_labels.get(b, "Mean" if b == "mean" else b) for b in benchmarks)
+            + " \\\\", "\\midrule"]
+    for i, metric in enumerate(dict.fromkeys(frame["metric"])):
+        if i:
+            body.append("\\midrule")
+        sub = frame[frame["metric"] == metric]
+        for model in models:
+            for method in dict.fromkeys(sub.loc[sub["model"] == model, "method"]):
+                cells = []
+                for b in benchmarks:
+                    r = sub[(sub["model"] == model) & (sub["method"] == method) & (sub["benchmark"] == b)]
+                    if r.empty:
+                        cells.append("--")
+                        continue
+                    r = r.iloc[0]
+                    delta = _signed(r["delta"])
+                    delta = f"\\textbf{{{delta}}}" if r["p_holm"] < alpha else delta
+                    cells.append(f"{delta} {{\\scriptsize [{r['low']:.2f}, {r['high']:.2f}] $p$={r['p_holm']:.2g}}}")
+                body.append(f"{metric_labels.get(metric, metric)}@{n} & {model_labels.get(model, model)} & "
+                            f"{method_labels.get(method, method)} & " + " & ".join(cells) + " \\\\")
+    caption = (f"Each method minus {baseline}, in points, paired by problem: {int(level * 100)}\\% interval of a "
+               "hierarchical bootstrap (problems as clusters; training runs when a method has several) and the "
+               "two-sided sign-flip permutation $p$ over problems, Holm-adjusted over each metric's comparisons; bold: "
+               f"adjusted $p < {alpha}$.")
+    return _wrap(body, caption, label, "lll" + "c" * len(benchmarks), resize=True)
