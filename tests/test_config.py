@@ -162,7 +162,7 @@ def test_every_training_and_method_key_reaches_the_trainer(paper):
     cfg = validate_config(paper)
     run = training_config(cfg, "qwen3_4b", "pwopsd_moderate")
     assert set(run) <= {f.name for f in fields(TrainConfig)}  # the trainer accepts every key
-    renamed = {"lora": ["lora_r", "lora_alpha", "lora_dropout", "lora_targets"]}
+    renamed = {"lora": ["lora_r", "lora_alpha", "lora_dropout", "lora_targets"], "seeds": ["seed"]}  # a run's own seed
     for key in schema["properties"]["training"]["properties"]:
         if key in used_elsewhere:
             continue
@@ -170,8 +170,9 @@ def test_every_training_and_method_key_reaches_the_trainer(paper):
             assert name in run, f"training.{key} does not reach the trainer"
     method = schema["properties"]["methods"]["additionalProperties"]["properties"]
     into = {"loss": "method", "params": "loss"}
-    # label: display name in tables; schedule_from: the train rule's fitted-schedule input fills the loss params
-    assert set(method) - {"label", "schedule_from"} == set(into)
+    # label: display name in tables; schedule_from: the train rule's fitted-schedule input fills the loss
+    # params; seeds: the method's runs, each with its own seed (tested below and in test_settings)
+    assert set(method) - {"label", "schedule_from", "seeds"} == set(into)
     assert training_config(cfg, "qwen3_4b", "pwopsd_fitted")["loss"] == {"reduction": "per_sequence"}  # no hand-picked w_min/tau/s
     assert all(into[k] in run for k in into)
     assert {f.name for f in fields(TrainConfig)} == set(run)  # every trainer setting comes from the config

@@ -1,6 +1,8 @@
 """Cost plan: per-job estimates from the token budgets against hand computations, and the plan
 for the paper configuration counts Snakemake's own jobs."""
 
+import re
+
 import pytest
 
 from conftest import REPO
@@ -104,3 +106,14 @@ def test_training_rollouts_are_priced_by_the_configured_rollout_backend(paper):
         expected = a["startup_min"] / 60 + 150 * (decode + fwd + a["train_step_overhead_s"]) / 3600
         assert prices[backend] == pytest.approx(expected), backend
     assert prices["hf"] > prices["vllm"]
+
+
+def test_the_cost_plan_prices_an_overlay_config(capsys):
+    """config/seeds.yaml: Table 2's five methods with three training seeds each, priced as run."""
+    cost.main(["--directory", str(REPO), "--configfile", "config/seeds.yaml", "results/tables/main_4b.tex"])
+    three = capsys.readouterr().out
+    cost.main(["--directory", str(REPO), "results/tables/main_4b.tex"])
+    one = capsys.readouterr().out
+    jobs = {name: {m.group(1): int(m.group(2)) for m in re.finditer(r"^(train|generate)\s+(\d+)", out, re.M)}
+            for name, out in (("three", three), ("one", one))}
+    assert jobs == {"three": {"train": 15, "generate": 45}, "one": {"train": 5, "generate": 15}}

@@ -69,6 +69,20 @@ def test_main_table_dry_run_lists_exactly_the_papers_runs():
     assert trained == {("qwen3_4b", m) for m in ("opsd", "eopd", "reopold", "pwopsd_moderate", "pwopsd_aggressive")}
 
 
+def test_three_training_seeds_give_three_chains_per_table_2_method():
+    """config/seeds.yaml: every method of Table 2 trained with seeds 42, 1 and 2, each run its own
+    chain (train, merge, 3 eval seeds), the first under the method's own name."""
+    proc = run_snakemake(["-n", "results/tables/main_4b.tex", "results/tables/significance_main_4b.tex",
+                          "--configfile", "config/seeds.yaml"])
+    out = proc.stdout + proc.stderr
+    counts = job_counts(out)
+    assert counts["train"] == 15 and counts["merge_adapter"] == 15 and counts["generate"] == 45 and counts["grade"] == 45
+    assert counts["table"] == 1 and counts["significance"] == 1
+    trained = set(re.findall(r"wildcards: model=(\w+), method=([\w-]+)", out))
+    methods = ("opsd", "eopd", "reopold", "pwopsd_moderate", "pwopsd_aggressive")
+    assert trained == {("qwen3_4b", run) for m in methods for run in (m, f"{m}-seed1", f"{m}-seed2")}
+
+
 def test_paper_generation_jobs_request_the_model_gpus():
     proc = run_snakemake(["-n", "results/generations/dsr1_llama_8b/base/aime2025/seed-main.parquet"])
     out = proc.stdout + proc.stderr
@@ -180,9 +194,11 @@ def test_tiny_run_tests_each_method_against_opsd(tiny_run):
     assert set(sig["metric"]) == {"avg", "maj", "pass"} and len(sig) == 4 * 5 * 3
     assert (sig["low"] <= sig["delta"] + 1e-9).all() and (sig["delta"] <= sig["high"] + 1e-9).all()
     assert ((sig["p"] > 0) & (sig["p"] <= sig["p_holm"]) & (sig["p_holm"] <= 1)).all()
-    assert (sig["eval_seeds"] == 3).all() and (sig["method_runs"] == 1).all()
+    assert (sig["eval_seeds"] == 3).all() and (sig["baseline_runs"] == 2).all()  # OPSD: training seeds 42 and 43
+    assert set(sig.loc[sig["method_runs"] == 2, "method"]) == {"pwopsd_moderate"} and (sig["method_runs"] <= 2).all()
     table = pd.read_csv(workdir / "results/tables/main_4b.csv")
     table = table[table["metric"] == "avg"]
+    assert (table.loc[table["checkpoint"].isin(["opsd", "pwopsd_moderate"]), "n_seeds"] == 6).all()  # 2 runs x 3 seeds
     cell = lambda c, b: table[(table["checkpoint"] == c) & (table["benchmark"] == b)]["mean"].item()  # noqa: E731
     row = sig[(sig["method"] == "pwopsd_moderate") & (sig["benchmark"] == "arith_l3") & (sig["metric"] == "avg")].iloc[0]
     assert row["delta"] == pytest.approx(cell("pwopsd_moderate", "arith_l3") - cell("opsd", "arith_l3"), abs=1e-4)
@@ -312,6 +328,23 @@ def test_tiny_html_report_shows_every_table_and_figure(tiny_run):
         assert len(entry["caption"]) > 50, path
         payload = base64.b64decode(entry["data_uri"].split("base64,", 1)[1])
         assert payload == (workdir / path).read_bytes(), path
+
+
+@pytest.mark.workflow
+def test_a_training_seed_added_in_the_config_reruns_only_its_chain_and_the_tables(tiny_run, tmp_path):
+    workdir, _ = tiny_run
+    overlay = tmp_path / "seed.yaml"
+    overlay.write_text("methods:\n  opsd: {seeds: [42, 43, 44]}\n")
+    proc = run_snakemake(["-n", "--directory", str(workdir), "--configfile", str(overlay)])
+    out = proc.stdout + proc.stderr
+    counts = job_counts(out)
+    assert {r for r in counts if r != "total"} <= {"train", "merge_adapter", "generate", "grade", "aggregate_metrics", "table",
+                                                  "significance", "training_curves", "reproduction_report"}, counts
+    assert counts["train"] == counts["merge_adapter"] == counts["generate"] == counts["grade"] == 1
+    assert set(re.findall(r"wildcards: model=\w+, (?:method|checkpoint)=([\w-]+)", out)) == {"opsd-seed44"}
+    # the tables that show OPSD, not the schedules table (no OPSD row); all significance tables (OPSD is their baseline)
+    tables = set(re.findall(r"results/tables/(\w+)\.tex", out))
+    assert {"main_4b", "cross_model", "ablation_4b"} <= tables and "schedules_4b" not in tables
 
 
 @pytest.mark.workflow

@@ -204,7 +204,7 @@ def _semantic_problems(cfg: dict) -> list[str]:
         if meth.get("schedule_from") and meth["loss"] != "pwopsd":
             problems.append(f"methods.{name}.schedule_from: only a pwopsd method takes its schedule from the diagnostic "
                             f"(loss is {meth['loss']})")
-    for kind, runs in table_runs(cfg).items():
+    for kind, runs in table_methods(cfg).items():
         for model, method in runs:
             if cfg.get("methods", {}).get(method, {}).get("schedule_from") and model not in diagnosed:
                 problems.append(f"tables.{kind}: {method!r} takes its schedule from the diagnostic of {model!r}, which "
@@ -250,6 +250,9 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
                 lines.append(_message(sub))
             continue
         lines.append(_message(err))
+    if isinstance(cfg.get("training"), dict) and "seed" in cfg["training"]:
+        lines.insert(0, "training.seed: replaced by training.seeds, a list of training seeds (seeds: "
+                        f"[{cfg['training']['seed']}] keeps the one run per method)")
     if not lines:
         lines = _fitted_schedule_problems(cfg)
     if not lines:
@@ -301,6 +304,23 @@ def load_config(path: str | Path) -> dict:
     return validate_config(read_yaml_strict(path) or {})
 
 
+def merge_configs(base: dict, overlay: dict) -> dict:
+    """``overlay`` merged into a copy of ``base`` as Snakemake merges ``--configfile`` files:
+    mappings key by key, recursively; any other value replaced."""
+    out = copy.deepcopy(base)
+    for key, value in overlay.items():
+        out[key] = merge_configs(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else copy.deepcopy(value)
+    return out
+
+
+def load_config_files(paths) -> dict:
+    """The validated config of a run with several config files (the workflow's, then overlays)."""
+    merged: dict = {}
+    for path in paths:
+        merged = merge_configs(merged, read_yaml_strict(path) or {})
+    return validate_config(merged)
+
+
 # ----------------------------------------------------------------------------------------------
 # Helpers used by rules (pure functions of a validated config).
 
@@ -343,8 +363,42 @@ def trained_models(cfg: dict) -> list[str]:
     return list(tr.get("models") or cfg["models"])
 
 
-def table_runs(cfg: dict) -> dict[str, list[tuple[str, str]]]:
-    """(model, method) runs each table needs, in table order."""
+# -- training runs: a method trained with one seed ------------------------------------------------
+
+RUN_SEED = "-seed"  # a further seed's run: <method>-seed<N> (method names cannot hold "-")
+
+
+def method_seeds(cfg: dict, method: str) -> list[int]:
+    """A method's training seeds: its own ``seeds``, else ``training.seeds``."""
+    return list(cfg["methods"][method].get("seeds") or cfg["training"]["seeds"])
+
+
+def method_runs(cfg: dict, method: str) -> list[str]:
+    """The run names of a method, one per training seed: the first seed's run is the method's own
+    name (so a one-seed config, the paper's, names its runs as before), a further seed N's
+    ``<method>-seedN``."""
+    seeds = method_seeds(cfg, method)
+    return [method] + [f"{method}{RUN_SEED}{s}" for s in seeds[1:]]
+
+
+def run_method(run: str) -> str:
+    """The method a run trains (``opsd-seed7`` -> ``opsd``)."""
+    return run.split(RUN_SEED, 1)[0]
+
+
+def run_seed(cfg: dict, run: str) -> int:
+    """The training seed of a run."""
+    method = run_method(run)
+    if run == method:
+        return method_seeds(cfg, method)[0]
+    seed = int(run[len(method) + len(RUN_SEED):])
+    if seed not in method_seeds(cfg, method):
+        raise ConfigError(f"run {run!r}: {seed} is not one of {method}'s training seeds {method_seeds(cfg, method)}")
+    return seed
+
+
+def table_methods(cfg: dict) -> dict[str, list[tuple[str, str]]]:
+    """(model, method) rows each table shows, in table order."""
     t = cfg.get("tables", {})
     runs: dict[str, list[tuple[str, str]]] = {}
     if "main" in t:
@@ -357,6 +411,12 @@ def table_runs(cfg: dict) -> dict[str, list[tuple[str, str]]]:
     if "ablation" in t:
         runs["ablation"] = [(t["ablation"]["model"], c["method"]) for c in t["ablation"]["cells"]]
     return runs
+
+
+def table_runs(cfg: dict) -> dict[str, list[tuple[str, str]]]:
+    """(model, run) training runs each table needs: every run (training seed) of its methods."""
+    return {kind: [(model, run) for model, method in rows for run in method_runs(cfg, method)]
+            for kind, rows in table_methods(cfg).items()}
 
 
 def plain_label(label: str) -> str:
@@ -377,22 +437,23 @@ def training_runs(cfg: dict) -> list[tuple[str, str]]:
     of ``methods`` (target ``train_all``; a ``schedule_from: diagnostic`` method only on the models
     that ``diagnostic.models`` diagnoses); tables select among these runs."""
     fitted, diagnosed = set(fitted_methods(cfg)), set(diagnostic_models(cfg))
-    return [(model, method) for model in trained_models(cfg) for method in cfg.get("methods", {})
-            if method not in fitted or model in diagnosed]
+    return [(model, run) for model in trained_models(cfg) for method in cfg.get("methods", {})
+            if method not in fitted or model in diagnosed for run in method_runs(cfg, method)]
 
 
 def significance_comparisons(cfg: dict) -> dict[str, list[tuple[str, str, str]]]:
     """Output name of each table with a significance test -> its (model, method, baseline)
     comparisons: every method of the table but the baseline, against the baseline of the same model."""
     sig = cfg.get("significance") or {}
-    runs, outputs = table_runs(cfg), {kind: out for out, kind in table_outputs(cfg).items()}
+    runs, outputs = table_methods(cfg), {kind: out for out, kind in table_outputs(cfg).items()}
     return {outputs[kind]: [(mo, me, sig["baseline"]) for mo, me in runs[kind] if me != sig["baseline"]]
             for kind in sig.get("tables", []) if kind in runs and kind in outputs}
 
 
 def significance_runs(cfg: dict, output: str) -> list[tuple[str, str]]:
-    """(model, checkpoint) runs a significance table reads: the table's methods and the baseline."""
-    return list(dict.fromkeys((mo, c) for mo, me, base in significance_comparisons(cfg)[output] for c in (me, base)))
+    """(model, run) runs a significance table reads: every run of the table's methods and the baseline."""
+    return list(dict.fromkeys((mo, run) for mo, me, base in significance_comparisons(cfg)[output] for m in (me, base)
+                              for run in method_runs(cfg, m)))
 
 
 def table_outputs(cfg: dict) -> dict[str, str]:
@@ -400,8 +461,10 @@ def table_outputs(cfg: dict) -> dict[str, str]:
     return {spec["output"]: kind for kind, spec in cfg.get("tables", {}).items() if isinstance(spec, dict) and "output" in spec}
 
 
-def training_config(cfg: dict, model: str, method: str) -> dict:
-    """Everything that determines one training run (rule params of ``train``)."""
+def training_config(cfg: dict, model: str, run: str) -> dict:
+    """Everything that determines one training run (rule params of ``train``): a method, or a
+    further seed's run of it (:func:`method_runs`)."""
+    method = run_method(run)
     tr, meth, entry = cfg["training"], cfg["methods"][method], cfg["models"][model]
     return {
         "method": meth["loss"],
@@ -419,7 +482,7 @@ def training_config(cfg: dict, model: str, method: str) -> dict:
         "grad_clip": tr["grad_clip"],
         "per_device_batch_size": entry["train"]["per_device_batch_size"],
         "gradient_accumulation_steps": entry["train"]["gradient_accumulation_steps"],
-        "seed": tr["seed"],
+        "seed": run_seed(cfg, run),
         "rollout_top_p": tr["rollout_top_p"],
         "rollout_top_k": tr["rollout_top_k"],
         "max_completion_length": tr["max_completion_length"],

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pwopsd.config import diagnostic_settings, load_config, training_config
+from pwopsd.config import diagnostic_settings, load_config, load_config_files, training_config
 
 # Throughput and length assumptions (H100 80GB, bf16). Throughputs scale with 1 / model size.
 ASSUMPTIONS = {
@@ -81,10 +81,12 @@ def parse_dry_run(output: str) -> list[Job]:
     return jobs
 
 
-def dry_run_jobs(directory: str, targets: list[str], *, forceall: bool) -> list[Job]:
-    """Jobs of ``snakemake -n`` for the targets."""
+def dry_run_jobs(directory: str, targets: list[str], *, forceall: bool, configfiles: list[str] = ()) -> list[Job]:
+    """Jobs of ``snakemake -n`` for the targets (with the overlay ``configfiles``)."""
     repo = Path(__file__).resolve().parents[2]
     cmd = [sys.executable, "-m", "snakemake", "-s", str(repo / "Snakefile"), "-n", "--directory", directory, *targets]
+    if configfiles:
+        cmd += ["--configfile", *configfiles]
     if forceall:
         cmd.append("--forceall")
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -244,6 +246,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--directory", default=".", help="working directory holding config/config.yaml (default .)")
     ap.add_argument("--all", action="store_true", help="count every job, also those whose outputs exist")
     ap.add_argument("--assume", action="append", default=[], metavar="KEY=VALUE", help="override an assumption")
+    ap.add_argument("--configfile", action="append", default=[], help="an overlay config file, as snakemake --configfile "
+                    "(e.g. config/seeds.yaml), relative to --directory; repeatable")
     args = ap.parse_args(argv)
     a = dict(ASSUMPTIONS)
     for item in args.assume:
@@ -251,8 +255,9 @@ def main(argv: list[str] | None = None) -> None:
         if key not in a:
             ap.error(f"unknown assumption {key!r} (known: {', '.join(a)})")
         a[key] = float(value)
-    cfg = load_config(Path(args.directory) / "config" / "config.yaml")
-    jobs = dry_run_jobs(args.directory, args.targets, forceall=args.all)
+    cfg = load_config_files([Path(args.directory) / "config" / "config.yaml",
+                             *(Path(args.directory) / f for f in args.configfile)])
+    jobs = dry_run_jobs(args.directory, args.targets, forceall=args.all, configfiles=args.configfile)
     print(render(plan(jobs, cfg, a), a, data_parallel=plan(jobs, data_parallel_layout(cfg), a), cfg=cfg))
 
 

@@ -82,7 +82,7 @@ def chain_priority(cfg: dict, wc, jobs_after: int) -> int:
     -> fit -> train -> evaluation), so they get ``DIAGNOSTIC_PRIORITY`` on top, as the diagnostic's
     phases do. Priorities only order ready jobs; they change no result."""
     name = getattr(wc, "method", None) or getattr(wc, "checkpoint", None)
-    return jobs_after + (DIAGNOSTIC_PRIORITY if name in C.fitted_methods(cfg) else 0)
+    return jobs_after + (DIAGNOSTIC_PRIORITY if C.run_method(str(name)) in C.fitted_methods(cfg) else 0)
 
 
 def job_seeds(cfg: dict, wc) -> list[str]:
@@ -139,7 +139,7 @@ def checkpoint_root(cfg: dict, wc) -> str:
 
 
 def curve_runs(cfg: dict, wc) -> list[str]:
-    """Methods whose training curves are drawn for a model: its runs that some table shows."""
+    """Runs whose training curves are drawn for a model: its runs that some table shows."""
     return [method for model, method in C.runs_in_tables(cfg) if model == wc.model]
 
 
@@ -165,6 +165,7 @@ def significance_spec(cfg: dict, wc) -> dict:
             "metrics": list(sig["metrics"]), "level": sig["level"], "n_boot": sig["n_boot"], "max_exact": sig["max_exact"],
             "n_perm": sig["n_perm"], "seed": sig["seed"], "n": cfg["evaluation"]["n"],
             "method_labels": {n: methods[n].get("label", n) for n in sorted(names)},
+            "runs": {n: C.method_runs(cfg, n) for n in sorted(names)},
             "benchmark_labels": tables.get("benchmark_labels", {}), "model_labels": tables.get("model_labels", {})}
 
 

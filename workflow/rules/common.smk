@@ -54,6 +54,7 @@ BENCHMARKS = list(config["benchmarks"])
 SEEDS = cfgmod.seed_names(config)
 EVAL_MODELS = cfgmod.eval_models(config)
 METHODS = list(config.get("methods", {}))
+RUNS = [run for method in METHODS for run in cfgmod.method_runs(config, method)]  # a method per training seed
 TABLE_RUNS = cfgmod.table_runs(config)
 DIAGNOSTIC_MODELS = cfgmod.diagnostic_models(config)
 DIAGNOSTIC_MODEL = cfgmod.diagnostic_model(config)  # Table 1 and Figure 1
@@ -74,7 +75,7 @@ def _alternatives(names):
 
 wildcard_constraints:
     model=_alternatives(MODELS),
-    method=_alternatives(METHODS),
+    method=_alternatives(RUNS),
     table=_alternatives(list(TABLE_OUTPUTS)),
     benchmark=_alternatives(BENCHMARKS),
     seed=_alternatives(SEEDS),
@@ -123,7 +124,7 @@ def train_inputs(wildcards):
     """The base model and the corpus; for a method that takes its schedule from the diagnostic
     (`schedule_from: diagnostic`), also the model's fitted schedule: diagnostic -> fit -> train."""
     files = {"model": f"results/models/{wildcards.model}/base.json", "corpus": "results/data/train_corpus.parquet"}
-    if wildcards.method in FITTED_METHODS:
+    if cfgmod.run_method(wildcards.method) in FITTED_METHODS:
         files["schedule"] = fitted_schedule_file(wildcards.model)
     return files
 

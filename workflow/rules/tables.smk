@@ -5,8 +5,6 @@
 rule table:
     input:
         metrics=table_metrics,
-    wildcard_constraints:
-        table=_alternatives(list(TABLE_OUTPUTS)),
     output:
         tex=report("results/tables/{table}.tex", caption="../report/table.rst", category="Tables", labels={"table": "{table}", "format": "LaTeX"}),
         csv=report("results/tables/{table}.csv", caption="../report/table.rst", category="Tables", labels={"table": "{table}", "format": "CSV"}),

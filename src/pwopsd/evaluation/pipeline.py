@@ -126,9 +126,24 @@ def seed_table(summaries: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def pool_runs(summaries: list[dict]) -> list[dict]:
+    """Per-seed metrics of a method's training runs as one checkpoint: a further seed's run
+    (``<method>-seedN``, :func:`pwopsd.config.method_runs`) is relabeled to its method and its eval
+    seeds to ``<run>/<seed>``, so a method's row is the mean ± std over every (training seed, eval
+    seed) pair. With one run per method (the paper's config) nothing changes."""
+    from pwopsd.config import run_method
+
+    out = []
+    for s in summaries:
+        method = run_method(s["checkpoint"])
+        out.append(s if method == s["checkpoint"] else {**s, "checkpoint": method, "seed_name": f"{s['checkpoint']}/{s['seed_name']}"})
+    return out
+
+
 def aggregate(summaries: list[dict], benchmarks: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per-seed table, aggregate over seeds with the equal-weight benchmark mean)."""
-    per_seed = seed_table(summaries)
+    """(per-seed table, aggregate over seeds with the equal-weight benchmark mean); a method's
+    training runs are pooled (:func:`pool_runs`)."""
+    per_seed = seed_table(pool_runs(summaries))
     agg = aggregate_seeds(per_seed, benchmarks_for_mean=benchmarks)
     order = {b: i for i, b in enumerate(list(benchmarks) + ["mean"])}
     agg = agg.sort_values(["model", "checkpoint", "metric", "benchmark"], key=lambda c: c.map(order) if c.name == "benchmark" else c)

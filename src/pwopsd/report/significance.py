@@ -207,18 +207,29 @@ def problem_scores(summaries: Sequence[dict], model: str, checkpoint: str, bench
     return np.asarray(columns, dtype=float).T[:, None, :]
 
 
+def run_scores(summaries: Sequence[dict], model: str, runs: Sequence[str], benchmark: str, metric: str) -> np.ndarray:
+    """``[problems, runs, eval seeds]``: :func:`problem_scores` of each training run of a method."""
+    parts = [problem_scores(summaries, model, run, benchmark, metric) for run in runs]
+    if len({p.shape for p in parts}) != 1:
+        raise ValueError(f"{model}/{benchmark}: the runs {list(runs)} hold other problems or seeds")
+    return np.concatenate(parts, axis=1)
+
+
 def significance_frame(summaries: Sequence[dict], comparisons: Sequence[tuple[str, str, str]], benchmarks: Sequence[str],
-                       metrics: Sequence[str], *, mean_name: str = "mean", level: float = 0.95, n_boot: int = 10000,
-                       seed: int = 0, max_exact: int = 20, n_perm: int = 100000) -> "pd.DataFrame":
+                       metrics: Sequence[str], *, runs: dict[str, Sequence[str]] | None = None, mean_name: str = "mean",
+                       level: float = 0.95, n_boot: int = 10000, seed: int = 0, max_exact: int = 20,
+                       n_perm: int = 100000) -> "pd.DataFrame":
     """One row per (model, method vs baseline, metric, benchmark or the mean column): Δ in points,
-    its interval, p and Holm's adjustment over every row of the same metric (one table's family)."""
+    its interval, p and Holm's adjustment over every row of the same metric (one table's family).
+    ``runs``: each method's training runs (default: the method alone)."""
     import pandas as pd
 
+    runs = runs or {}
     rows = []
     for metric in metrics:
         for model, method, baseline in comparisons:
-            strata = [(problem_scores(summaries, model, method, b, metric), problem_scores(summaries, model, baseline, b, metric))
-                      for b in benchmarks]
+            strata = [(run_scores(summaries, model, runs.get(method, [method]), b, metric),
+                       run_scores(summaries, model, runs.get(baseline, [baseline]), b, metric)) for b in benchmarks]
             parts = [(b, [st]) for b, st in zip(benchmarks, strata)] + ([(mean_name, strata)] if len(strata) > 1 else [])
             for bench, group in parts:
                 c = compare_strata(group, level=level, n_boot=n_boot, seed=seed, max_exact=max_exact, n_perm=n_perm)
