@@ -102,6 +102,10 @@ MISTAKES = [
     ("grader option", ["grading", "graders", "corrected", "empty_box"], "none", False, "grading.graders.corrected.empty_box", "is not one of"),
     ("grader name", ["grading", "graders", "Corrected v2"], {"string_fallback": "exception", "gold_wrapping": "dollar", "empty_box": "empty"}, False, "grading.graders", "not a valid name"),
     ("old grading key", ["grading", "string_fallback"], "exception", False, "grading.string_fallback", "unknown key"),
+    ("old training.seed key", ["training", "seed"], 42, False, "training.seed", "replaced by training.seeds"),
+    ("repeated training seed", ["training", "seeds"], [42, 42], False, "training.seeds", "non-unique"),
+    ("significance baseline", ["significance", "baseline"], "sft", False, "significance.baseline", "not a configured method"),
+    ("significance metric", ["significance", "metrics"], ["avg", "median"], False, "significance.metrics.1", "is not one of"),
 ]
 
 
