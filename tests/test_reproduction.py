@@ -85,3 +85,34 @@ def test_other_graders_and_the_other_orientation_are_shown_beside():
     assert line.endswith("| corrected: 95.71 ± 0.12 |")
     line = next(ln for ln in md.splitlines() if ln.startswith("| qwen3_4b | mi | branch_viability | residual_auroc | 0.51"))
     assert "0.56 [0.50, 0.70]" in line and line.endswith("| raw: 0.44 [0.30, 0.55] |")
+
+
+def test_published_differences_are_judged_by_the_reproduced_intervals():
+    """The paper's Δ (method minus OPSD, across tables when the method is published elsewhere) beside
+    the significance rows: held by the interval or not, interval excluding 0 or not."""
+    import pandas as pd
+
+    from pwopsd.report.reproduction import delta_verdicts, render_delta_verdicts
+
+    ref = pd.DataFrame([
+        {"paper_table": "Table 2", "model": "q", "method": "opsd", "benchmark": "aime", "metric": "avg", "mean": 40.0},
+        {"paper_table": "Table 2", "model": "q", "method": "pw", "benchmark": "aime", "metric": "avg", "mean": 41.0},
+        {"paper_table": "Table 3", "model": "q", "method": "mild", "benchmark": "aime", "metric": "avg", "mean": 43.0},
+        {"paper_table": "Table 1", "model": "q", "method": "h", "benchmark": "branch_viability", "metric": "residual_auroc", "mean": 0.5}])
+    sig = pd.DataFrame([
+        {"model": "q", "method": "pw", "baseline": "opsd", "benchmark": "aime", "metric": "avg", "delta": 0.2, "low": -1.5,
+         "high": 1.9, "p_holm": 0.8},
+        {"model": "q", "method": "mild", "baseline": "opsd", "benchmark": "aime", "metric": "avg", "delta": 0.5, "low": 0.1,
+         "high": 0.9, "p_holm": 0.04},
+        {"model": "q", "method": "pw", "baseline": "opsd", "benchmark": "aime", "metric": "avg", "delta": 0.2, "low": -1.5,
+         "high": 1.9, "p_holm": 0.8},  # the same comparison from another significance table
+        {"model": "q", "method": "pw", "baseline": "opsd", "benchmark": "hmmt", "metric": "avg", "delta": 1.0, "low": 0.0,
+         "high": 2.0, "p_holm": 0.5}])  # nothing published for it
+    v = delta_verdicts(ref, sig).set_index("method")
+    assert list(v.index) == ["pw", "mild"]
+    assert v.loc["pw", "paper_delta"] == 1.0 and v.loc["pw", "holds_paper_delta"] and not v.loc["pw", "excludes_zero"]
+    assert v.loc["mild", "paper_delta"] == 3.0 and v.loc["mild", "paper_tables"] == "Table 3 - Table 2"
+    assert not v.loc["mild", "holds_paper_delta"] and v.loc["mild", "excludes_zero"]
+    text = render_delta_verdicts(delta_verdicts(ref, sig))
+    assert "1 of 2 reproduced intervals hold the paper's difference; 1 exclude 0" in text and "**no**" in text
+    assert "No published difference" in render_delta_verdicts(delta_verdicts(ref, sig.iloc[3:]))

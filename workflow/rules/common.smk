@@ -175,6 +175,7 @@ def reproduction_inputs(wildcards):
              "reference": str(Path(workflow.basedir) / "workflow" / "reference" / "paper_results.csv")}
     if DIAGNOSTIC_MODEL:
         files["branch"] = f"results/diagnostic/{DIAGNOSTIC_MODEL}/branch_auroc.json"
+    files["significance"] = [f"results/tables/significance_{name}.csv" for name in SIGNIFICANCE_OUTPUTS]
     return files
 
 

@@ -3,7 +3,8 @@
 import pandas as pd
 
 from pwopsd.io import atomic_path, read_json
-from pwopsd.report.reproduction import compare, comparison_figure, load_reference, render_markdown, reproduced_values
+from pwopsd.report.reproduction import (compare, comparison_figure, delta_verdicts, load_reference, render_delta_verdicts,
+                                        render_markdown, reproduced_values)
 from pwopsd.runtime import setup_logging, write_job_provenance
 from pwopsd.standalone import standalone_snakemake
 
@@ -23,8 +24,12 @@ def main(snakemake):
     note += (f" Verdicts of the `{r['verdicts']}` grader (`grading.verdicts`)"
              + (f"; the {', '.join(f'`{g}`' for g in others)} grader's values are in the last column." if others else ".")
              + " See docs/decisions.md, \"Grading and metrics\".")
+    significance = [pd.read_csv(p) for p in snakemake.input.significance]
+    verdicts = delta_verdicts(load_reference(snakemake.input.reference),
+                              pd.concat(significance, ignore_index=True) if significance else pd.DataFrame(
+                                  columns=["model", "method", "baseline", "benchmark", "metric"]))
     with atomic_path(snakemake.output.markdown) as tmp:
-        tmp.write_text(render_markdown(comparison, reproduced, title_note=note))
+        tmp.write_text(render_markdown(comparison, reproduced, title_note=note) + "\n" + render_delta_verdicts(verdicts))
     with atomic_path(snakemake.output.csv) as tmp:
         comparison.to_csv(tmp, index=False, float_format="%.6f")
     comparison_figure(comparison, reproduced, snakemake.output.pdf, snakemake.output.figure_csv)

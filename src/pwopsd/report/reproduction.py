@@ -181,3 +181,45 @@ def comparison_figure(comparison: pd.DataFrame, reproduced: pd.DataFrame, pdf_pa
         ax.legend(fontsize=7)
     save_figure(fig, table, pdf_path, csv_path)
     return table
+
+
+def delta_verdicts(reference: pd.DataFrame, significance: pd.DataFrame) -> pd.DataFrame:
+    """Per published difference (a method minus the significance baseline on the same model,
+    benchmark and metric, from the paper's numbers; a method first published in another table than
+    the baseline is paired across tables): the reproduced Δ and interval (the significance tables'
+    rows), whether that interval holds the paper's Δ and whether it excludes 0."""
+    columns = ["model", "method", "baseline", "benchmark", "metric", "paper_tables", "paper_delta", "delta", "low", "high",
+               "p_holm", "holds_paper_delta", "excludes_zero"]
+    ref = reference[reference["metric"].isin(["avg", "maj", "pass"])]
+    published = {}  # (model, benchmark, metric) -> method -> (value, table), the first table that gives it
+    for _, r in ref.iterrows():
+        published.setdefault((r["model"], r["benchmark"], r["metric"]), {}).setdefault(r["method"], (float(r["mean"]), r["paper_table"]))
+    rows = []
+    for _, s in significance.drop_duplicates(["model", "method", "baseline", "benchmark", "metric"]).iterrows():
+        values = published.get((s["model"], s["benchmark"], s["metric"]), {})
+        if s["method"] in values and s["baseline"] in values:
+            (m, mt), (b, bt) = values[s["method"]], values[s["baseline"]]
+            paper = m - b
+            rows.append({"model": s["model"], "method": s["method"], "baseline": s["baseline"], "benchmark": s["benchmark"],
+                         "metric": s["metric"], "paper_tables": mt if mt == bt else f"{mt} - {bt}", "paper_delta": paper,
+                         "delta": s["delta"], "low": s["low"], "high": s["high"], "p_holm": s["p_holm"],
+                         "holds_paper_delta": bool(s["low"] <= paper <= s["high"]), "excludes_zero": bool(s["low"] > 0 or s["high"] < 0)})
+    return pd.DataFrame(rows, columns=columns)
+
+
+def render_delta_verdicts(verdicts: pd.DataFrame) -> str:
+    """The reproduction report's section on published differences (markdown)."""
+    lines = ["## Published differences against the baseline", ""]
+    if verdicts.empty:
+        return "\n".join(lines + ["No published difference corresponds to a configured comparison (other models or "
+                                  "benchmarks); the significance tables give the reproduced ones.", ""]) + "\n"
+    lines += [f"{int(verdicts['holds_paper_delta'].sum())} of {len(verdicts)} reproduced intervals hold the paper's "
+              f"difference; {int(verdicts['excludes_zero'].sum())} exclude 0 (paired by problem, 95% hierarchical "
+              "bootstrap; docs/decisions.md, \"Beyond the paper: is a gain larger than the noise?\").", "",
+              "| model | method | baseline | benchmark | metric | paper Δ | reproduced Δ [interval] | Holm p | holds paper Δ | excludes 0 |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for _, r in verdicts.iterrows():
+        lines.append(f"| {r['model']} | {r['method']} | {r['baseline']} | {r['benchmark']} | {r['metric']} | {r['paper_delta']:+.2f} "
+                     f"| {r['delta']:+.2f} [{r['low']:.2f}, {r['high']:.2f}] | {r['p_holm']:.2g} | "
+                     f"{'yes' if r['holds_paper_delta'] else '**no**'} | {'yes' if r['excludes_zero'] else 'no'} |")
+    return "\n".join(lines + [""]) + "\n"
