@@ -149,7 +149,10 @@ def curve_runs(cfg: dict, wc) -> list[str]:
 def table_spec(cfg: dict, wc) -> dict:
     kind = C.table_outputs(cfg)[wc.table]
     tables = cfg["tables"]
-    return {"kind": kind, **tables[kind], "methods_config": cfg.get("methods", {}),
+    methods = cfg.get("methods", {})
+    shown = {m for _, m in C.table_methods(cfg)[kind]}  # only what the table shows: other methods' edits rerun nothing here
+    return {"kind": kind, **tables[kind], "methods_config": {m: {"label": methods[m]["label"]} for m in sorted(shown)
+                                                             if "label" in methods[m]},
             "benchmark_labels": tables.get("benchmark_labels", {}), "model_labels": tables.get("model_labels", {}),
             "n": cfg["evaluation"]["n"], "models": tables[kind].get("models") or list(cfg["models"])}
 
