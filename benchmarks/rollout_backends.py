@@ -28,12 +28,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SETTINGS = [("hf", "adapter"), ("hf", "merged_bf16"), ("vllm", "adapter"), ("vllm", "merged_bf16")]
-CPU_ENGINE = {"gpu_memory_utilization": 0.4, "enforce_eager": True, "kv_cache_memory_gib": 1,
-              "enable_chunked_prefill": False, "in_process": True}
+# The tiny config with its vLLM-on-CPU overlay: the engine settings the tiny workflow runs vLLM with.
+CONFIG_FILES = [REPO / "tiny" / "config" / "config.yaml", REPO / "tiny" / "config" / "vllm.yaml"]
 
 
 def make_trainer(model_dir: str, work: Path, backend: str, policy: str, dtype: str):
-    from pwopsd.config import load_config, training_config
+    from pwopsd.config import load_config_files, training_config
     from pwopsd.generation.rollout import make_rollouts
     from pwopsd.models import load_model, load_tokenizer
     from pwopsd.tiny.arithmetic import sample_problems
@@ -41,10 +41,9 @@ def make_trainer(model_dir: str, work: Path, backend: str, policy: str, dtype: s
 
     manifest = {"path": model_dir}
     tok = load_tokenizer(manifest)
-    cfg = load_config(REPO / "tiny" / "config" / "config.yaml")
-    train = TrainConfig(**{**training_config(cfg, "tiny_qwen3", "pwopsd_moderate"), "rollout_backend": backend,
-                           "rollout_engine": CPU_ENGINE if backend == "vllm" else {}, "rollout_policy": policy,
-                           "max_steps": 1000})
+    cfg = load_config_files(CONFIG_FILES)
+    cfg["training"].update(rollout_backend=backend, rollout_policy=policy, max_steps=1000)
+    train = TrainConfig(**training_config(cfg, "tiny_qwen3", "pwopsd_moderate"))
     problems = sample_problems(23, 512, [1, 2, 3], 20)
     examples = [Example(p.problem, p.reference_solution(), str(p.answer)) for p in problems]
     rollouts = None

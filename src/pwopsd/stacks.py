@@ -146,7 +146,8 @@ def compile_lock(stack: Stack, uv: str | None = None) -> dict[str, str]:
         if stack.constraints:
             lines = (REPO / stack.constraints).read_text().splitlines()
             free = {normalize(n) for n in stack.free}
-            kept = [ln for ln in lines if not (_PIN.match(ln.strip()) and normalize(_PIN.match(ln.strip()).group(1)) in free)]
+            pins = [_PIN.match(ln.strip()) for ln in lines]
+            kept = [ln for ln, pin in zip(lines, pins) if not (pin and normalize(pin.group(1)) in free)]
             constraints = Path(tmp) / "constraints.txt"
             constraints.write_text("\n".join(kept) + "\n")
             cmd += ["--constraint", str(constraints)]

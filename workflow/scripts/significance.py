@@ -1,6 +1,7 @@
 """Rule significance: each method of a table against the baseline, paired by problem (Δ, interval,
 p, Holm), as LaTeX + CSV, and the forest plot of the Avg@N differences (+ its data as CSV)."""
 
+from pwopsd.config import plain_label
 from pwopsd.io import atomic_path, read_json
 from pwopsd.report.figures import deltas_figure
 from pwopsd.report.significance import METRICS, significance_frame
@@ -14,8 +15,8 @@ def main(snakemake):
     spec = dict(snakemake.params.spec)
     summaries = [read_json(p) for p in snakemake.input.metrics]
     frame = significance_frame(summaries, [tuple(c) for c in spec["comparisons"]], spec["benchmarks"], spec["metrics"],
-                               runs={m: list(r) for m, r in spec["runs"].items()}, level=spec["level"], n_boot=spec["n_boot"], seed=spec["seed"], max_exact=spec["max_exact"],
-                               n_perm=spec["n_perm"])
+                               runs={m: list(r) for m, r in spec["runs"].items()}, level=spec["level"],
+                               n_boot=spec["n_boot"], seed=spec["seed"], max_exact=spec["max_exact"], n_perm=spec["n_perm"])
     tex = significance_table(frame, metric_labels=METRICS, method_labels=spec["method_labels"],
                              model_labels=spec["model_labels"], benchmark_labels=spec["benchmark_labels"], level=spec["level"],
                              n=spec["n"], label=f"tab:significance-{snakemake.wildcards.table.replace('_', '-')}")
@@ -24,18 +25,12 @@ def main(snakemake):
     with atomic_path(snakemake.output.csv) as tmp:
         frame.to_csv(tmp, index=False, float_format="%.6f")
     metric = "avg" if "avg" in spec["metrics"] else spec["metrics"][0]
-    deltas_figure(frame, labels={k: _plain(v) for k, v in spec["method_labels"].items()},
+    deltas_figure(frame, labels={k: plain_label(v) for k, v in spec["method_labels"].items()},
                   benchmark_labels=spec["benchmark_labels"], pdf_path=snakemake.output.pdf,
                   csv_path=snakemake.output.figure_csv, metric=metric)
     log.info("%d comparisons from %d seed-level results; smallest Holm-adjusted p %.3g", len(frame), len(summaries),
              frame["p_holm"].min())
     write_job_provenance(snakemake, snakemake.output.provenance)
-
-
-def _plain(label: str) -> str:
-    from pwopsd.config import plain_label
-
-    return plain_label(label)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pwopsd.diagnostic.statistics import percentile_interval
 from pwopsd.report.significance import run_scores, stratified_bootstrap_deltas
 
 
@@ -61,7 +62,7 @@ def simulate_power(components: dict, *, delta: float, runs: int, eval_seeds: int
         method = effect + rng.normal(0, sd_r, (1, runs, 1)) + rng.normal(0, sd_e, (problems, runs, eval_seeds))
         baseline = rng.normal(0, sd_r, (1, runs, 1)) + rng.normal(0, sd_e, (problems, runs, eval_seeds))
         draws = stratified_bootstrap_deltas([(method, baseline)], n_boot=n_boot, seed=seed + i + 1)
-        low, high = np.quantile(draws, [(1 - level) / 2, 1 - (1 - level) / 2])
+        low, high = percentile_interval(draws, level)
         hits += low > 0 or high < 0
     return hits / n_sim
 
