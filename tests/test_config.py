@@ -268,3 +268,80 @@ def test_the_paper_trains_with_a_colocated_vllm_rollout_engine_per_model_memory_
     tiny = load_config(REPO / "tiny" / "config" / "config.yaml")
     assert training_config(tiny, "tiny_qwen3", "opsd")["rollout_backend"] == "hf"
     assert training_config(tiny, "tiny_qwen3", "opsd")["rollout_engine"] == {}  # hf: nothing of vLLM in the run key
+
+
+# ---------------------------------------------------------------------------------------------
+# `--config` overrides: Snakemake hands nested command-line values over as strings (YAML's base
+# loader); they are typed by the schema at their key before validation.
+
+
+def _command_line(value):
+    """A value as Snakemake's `--config` parsing hands a nested leaf over: a string (lists of strings)."""
+    return yaml.load(yaml.safe_dump(value, default_flow_style=True), Loader=yaml.BaseLoader)
+
+
+def _leaves(node, path=()):
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from _leaves(value, path + (key,))
+    else:
+        yield path, node
+
+
+def _nest(path, value):
+    for key in reversed(path):
+        value = {key: value}
+    return value
+
+
+@pytest.mark.parametrize("name", ["config/config.yaml", "tiny/config/config.yaml"])
+def test_every_key_given_on_the_command_line_gets_its_schema_type(name):
+    """Each leaf of a shipped config (defaults filled), typed back from its command-line string,
+    is the config's own value: integers, numbers, booleans, null, lists and strings, under
+    models.<name>, the sources' kinds and each method's loss branch."""
+    from pwopsd.config import merge_configs, typed_overrides
+
+    cfg = load_config(REPO / name)
+    leaves = [(p, v) for p, v in _leaves(cfg) if p]
+    kinds = {type(v).__name__ for _, v in leaves} | {type(x).__name__ for _, v in leaves if isinstance(v, list) for x in v}
+    assert {"int", "float", "bool", "str", "list", "NoneType"} <= kinds, kinds
+    for path, value in leaves:
+        given = _nest(path, _command_line(value))
+        typed = typed_overrides(merge_configs(cfg, given), given)
+        assert typed == _nest(path, value), (path, value, typed)
+
+
+def test_command_line_values_typed_or_rejected_naming_the_key(paper):
+    from pwopsd.config import merge_configs, typed_overrides
+
+    def typed(overrides):
+        return typed_overrides(merge_configs(paper, overrides), overrides)
+
+    assert typed({"evaluation": {"n": "3", "seeds": ["main", "1"], "main_seed": "null", "temperature": "1"}}) == {
+        "evaluation": {"n": 3, "seeds": ["main", 1], "main_seed": None, "temperature": 1}}
+    # YAML 1.1 reads 5e-6 as a string; the schema's number type reads it as a number
+    assert typed({"training": {"lr": "5e-6"}}) == {"training": {"lr": 5e-6}}
+    # the loss branch of the method (from the config files) types its parameters
+    assert typed({"methods": {"pwopsd_moderate": {"params": {"w_min": "0.5", "reduction": "global"}}}}) == {
+        "methods": {"pwopsd_moderate": {"params": {"w_min": 0.5, "reduction": "global"}}}}
+    # a string the schema accepts stays a string (a revision that looks like a number)
+    assert typed({"models": {"qwen3_4b": {"revision": "1234"}}})["models"]["qwen3_4b"]["revision"] == "1234"
+    # the right type out of range, and a value of no allowed type: validation names the key
+    for overrides, words in ((({"evaluation": {"n": "0"}}), "evaluation.n: 0 is less than the minimum of 1"),
+                             ({"evaluation": {"n": "three"}}, "evaluation.n: 'three' is not of type 'integer'")):
+        with pytest.raises(ConfigError, match=words):
+            validate_config(merge_configs(paper, typed(overrides)))
+
+
+def test_snakemake_command_line_overrides_are_typed(tmp_path):
+    """Through the real Snakemake CLI: a nested override plans with the typed value; one of no
+    allowed type stops before any job naming the key."""
+    base = [sys.executable, "-m", "snakemake", "-n", "-s", str(REPO / "Snakefile"), "--directory", str(REPO)]
+    ok = subprocess.run(base + ["--config", "evaluation={n: 3, seeds: [main, 1]}", "training={lr: 1e-5}"],
+                        capture_output=True, text=True, cwd=REPO)
+    out = ok.stdout + ok.stderr
+    assert ok.returncode == 0, out
+    assert "config overrides (--config): evaluation.n = 3; evaluation.seeds = ['main', 1]; training.lr = 1e-05" in out
+    bad = subprocess.run(base + ["--config", "evaluation={n: three}"], capture_output=True, text=True, cwd=REPO)
+    out = bad.stdout + bad.stderr
+    assert bad.returncode != 0 and "evaluation.n: 'three' is not of type 'integer'" in out and "Traceback" not in out, out

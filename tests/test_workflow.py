@@ -347,6 +347,18 @@ def test_a_training_seed_added_in_the_config_reruns_only_its_chain_and_the_table
     assert tables == {"main_4b", "cross_model", "ablation_4b"}
 
 
+def test_a_command_line_override_replans_with_the_typed_value(tiny_run):
+    """`--config 'evaluation={n: 3}'` on the finished run: every generate job is planned again for
+    the integer 3 (its params), and nothing upstream of generation (no training, no model build)."""
+    workdir, _ = tiny_run
+    proc = run_snakemake(["-n", "--directory", str(workdir), "--config", "evaluation={n: 3}"])
+    out = proc.stdout + proc.stderr
+    counts = job_counts(out)
+    assert "train" not in counts and "build_tiny_model" not in counts and counts["generate"] >= 1, counts
+    planned = re.findall(r"reason: Params have changed since last execution:.*? now: \{'n': (\S+?),", out)
+    assert planned and set(planned) == {"3"} and len(planned) == counts["generate"], out
+
+
 @pytest.mark.workflow
 def test_tiny_rerun_does_no_work(tiny_run):
     workdir, _ = tiny_run

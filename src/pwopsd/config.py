@@ -322,6 +322,144 @@ def load_config_files(paths) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
+# `--config` overrides. Snakemake reads a nested value given on the command line with YAML's base
+# loader, so every leaf arrives as a string (`--config 'evaluation={n: 3}'` gives n = '3'). Each
+# leaf given there is typed by the schema at its key before validation: it takes what it would mean
+# in a config file (its YAML reading, or a number reading: YAML 1.1 reads 5e-6 as a string) when the
+# schema accepts that, else it stays a string when the schema accepts one (a revision "1234"). A
+# value of the right type but out of range takes that type, so that validation names the bound;
+# what no type fits stays as given and validation names the key.
+
+_JSON_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "array"),
+               (dict, "object"), (type(None), "null"))
+
+
+def _json_type(value: Any) -> str:
+    return next(name for cls, name in _JSON_TYPES if isinstance(value, cls))
+
+
+def _resolve(schema: dict, root: dict) -> dict:
+    while "$ref" in schema:
+        target = root
+        for part in schema["$ref"][2:].split("/"):
+            target = target[part]
+        schema = {**{k: v for k, v in schema.items() if k != "$ref"}, **target}
+    return schema
+
+
+def _applicable(schema: dict, root: dict, instance: Any) -> list[dict]:
+    """The schema of a node and every ``allOf`` member or ``if``/``then`` branch that applies to
+    ``instance`` (a method's ``params`` are declared in the branch of its loss)."""
+    out, todo = [], [schema]
+    while todo:
+        node = _resolve(todo.pop(), root)
+        out.append(node)
+        for sub in node.get("allOf", []):
+            if "if" not in sub:
+                todo.append(sub)
+                continue
+            consts = {k: v.get("const") for k, v in sub["if"].get("properties", {}).items() if isinstance(v, dict)}
+            if isinstance(instance, dict) and all(instance.get(k) == v for k, v in consts.items()):
+                todo.append(sub.get("then", {}))
+    return out
+
+
+def _child_schemas(schemas: list[dict], key: str) -> list[dict]:
+    import re
+
+    out = []
+    for node in schemas:
+        if key in node.get("properties", {}):
+            out.append(node["properties"][key])
+        elif any(re.search(p, key) for p in node.get("patternProperties", {})):
+            out += [s for p, s in node["patternProperties"].items() if re.search(p, key)]
+        elif isinstance(node.get("additionalProperties"), dict):
+            out.append(node["additionalProperties"])
+    return [s for s in out if isinstance(s, dict)]  # `true` accepts anything
+
+
+def _allowed_types(schema: dict, root: dict) -> set[str]:
+    schema = _resolve(schema, root)
+    kinds = schema.get("type")
+    out = set([kinds] if isinstance(kinds, str) else kinds or [])
+    out |= {_json_type(v) for v in ([schema["const"]] if "const" in schema else []) + list(schema.get("enum", []))}
+    for key in ("anyOf", "oneOf"):
+        for sub in schema.get(key, []):
+            out |= _allowed_types(sub, root)
+    return out
+
+
+def _readings(text: str) -> list[Any]:
+    """What a command-line string may mean, most specific first."""
+    out = []
+    try:
+        out.append(yaml.safe_load(text))
+    except yaml.YAMLError:
+        pass
+    for parse in (int, float):
+        try:
+            out.append(parse(text))
+        except ValueError:
+            pass
+    return [v for v in out if not isinstance(v, str)]
+
+
+def _typed_leaf(text: str, schemas: list[dict], root: dict) -> Any:
+    from jsonschema import Draft202012Validator
+
+    defs = {"$defs": root.get("$defs", {})}
+
+    def valid(value):
+        return all(Draft202012Validator({**defs, **s}).is_valid(value) for s in schemas)
+
+    if not schemas:
+        return text
+    readings = _readings(text)
+    for value in readings + [text]:  # what it would mean in a config file, if the schema allows it
+        if valid(value):
+            return value
+    allowed = [t for t in (_allowed_types(s, root) for s in schemas) if t]
+    for value in readings:  # the right type but out of range: validation names the key and the bound
+        kind = _json_type(value)
+        if all(kind in t or (kind == "integer" and "number" in t) for t in allowed):
+            return value
+    return text
+
+
+def _typed(value: Any, schemas: list[dict], current: Any, root: dict) -> Any:
+    if isinstance(value, str):
+        return _typed_leaf(value, schemas, root)
+    if isinstance(value, list):
+        items = [s["items"] for s in (_resolve(s, root) for s in schemas) if isinstance(s.get("items"), dict)]
+        return [_typed(v, items, None, root) for v in value]
+    if isinstance(value, dict):
+        scope = current if isinstance(current, dict) else value
+        nodes = [n for s in schemas for n in _applicable(s, root, scope)]
+        return {k: _typed(v, _child_schemas(nodes, k), scope.get(k), root) for k, v in value.items()}
+    return value
+
+
+def typed_overrides(config: dict, overrides: dict, schema: dict | None = None) -> dict:
+    """The command line's ``--config`` values (``overrides``) typed by the schema at their keys;
+    ``config`` (the config files merged with them, as Snakemake hands it over) decides which
+    branch of the schema applies (a method's loss). Merged into ``config`` they replace the
+    untyped values; only command-line values change (a quoted string in a config file stays one)."""
+    schema = schema or load_schema()
+    return _typed(dict(overrides), [schema], config, schema)
+
+
+def override_lines(overrides: dict, prefix: str = "") -> list[str]:
+    """``key.path = value`` for each leaf of (typed) ``--config`` overrides, for the run's log."""
+    lines = []
+    for key, value in overrides.items():
+        if isinstance(value, dict) and value:
+            lines += override_lines(value, f"{prefix}{key}.")
+        else:
+            lines.append(f"{prefix}{key} = {value!r}")
+    return lines
+
+
+# ----------------------------------------------------------------------------------------------
 # Helpers used by rules (pure functions of a validated config).
 
 

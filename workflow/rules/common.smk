@@ -18,13 +18,20 @@ from pwopsd import config as cfgmod
 from pwopsd import settings
 from pwopsd.generation.sampling import generation_path
 
+from snakemake.logging import logger
+
 try:
     # Snakemake's own YAML reading keeps the last of two equal keys: read the config files again
     # strictly, so that a duplicated key is an error with its line numbers.
     for _configfile in workflow.configfiles:
         cfgmod.read_yaml_strict(_configfile)
+    # `--config 'evaluation={n: 3}'` hands nested values over as strings: type them by the schema.
+    _overrides = dict(workflow.config_settings.config or {})
+    if _overrides:
+        _overrides = cfgmod.typed_overrides(config, _overrides)
+        logger.info("config overrides (--config): " + "; ".join(cfgmod.override_lines(_overrides)))
     # Validates types, required and unknown keys (each message names the key) and fills defaults.
-    _validated = cfgmod.validate_config(config)
+    _validated = cfgmod.validate_config(cfgmod.merge_configs(config, _overrides))
 except cfgmod.ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 config.clear()
