@@ -13,6 +13,7 @@
 * `snakemake --lint` passes.
 """
 
+import re
 import shutil
 
 import pandas as pd
@@ -105,6 +106,37 @@ def test_change_me_values_stop_the_run_before_any_job_naming_file_and_key(tmp_pa
                 "CHANGE_ME_CPU_PARTITION", "set-resources.generate.slurm_partition is CHANGE_ME_GPU_PARTITION"):
         assert f"profiles/slurm/profile.yaml: {key}" in out, out[-2000:]
     assert not (work / "results").exists() and not (work / "logs").exists()  # not even a local job ran
+
+
+@pytest.mark.parametrize("flags, shown", [(["-n"], "Job stats:"), (["-np"], "Job stats:"), (["--dag"], "digraph snakemake_dag"),
+                                          (["--rulegraph"], "digraph snakemake_dag"), (["--summary"], "output_file\tdate")])
+def test_a_run_that_submits_nothing_shows_its_plan_with_one_warning(tmp_path, flags, shown):
+    """Before the account is filled in, a dry run (and --dag, --rulegraph, --summary) warns once,
+    naming the keys, and shows the plan: jobs with their GPUs and partitions."""
+    work = tmp_path / "work"
+    shutil.copytree(REPO / "config", work / "config")
+    proc = run_snakemake(flags + ["--profile", "slurm", "--directory", str(work), "results/tables/main_4b.tex"])
+    out = proc.stdout + proc.stderr
+    assert out.count("the Slurm profile is not set up") == 1, out[-3000:]
+    for key in ("default-resources.slurm_account is CHANGE_ME_ACCOUNT", "set-resources.train.slurm_partition is "
+                "CHANGE_ME_GPU_PARTITION"):
+        assert f"profiles/slurm/profile.yaml: {key}" in out
+    assert shown in proc.stdout + proc.stderr
+    if flags[0].startswith("-n"):
+        counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", out[out.index("Job stats:"):], re.M)}
+        assert counts["train"] == 5 and counts["table"] == 1, counts
+        assert re.search(r"rule train:(?:\n    [^\n]*)*?\n    resources: [^\n]*slurm_partition=CHANGE_ME_GPU_PARTITION[^\n]*gpu=4, gpu_model=h100", out)
+    assert not (work / "results").exists() and not (work / "logs").exists()
+
+
+def test_planning_flags_are_read_as_snakemake_reads_them():
+    from pwopsd.cluster import planning_flag
+
+    assert planning_flag(["-np", "--profile", "slurm", "target"]) == "--dry-run"
+    assert planning_flag(["--profile", "slurm", "--dag", "mermaid-js"]) == "--dag"
+    assert planning_flag(["--rulegraph"]) == "--rulegraph" and planning_flag(["-S"]) == "--summary"
+    for submits in (["--profile", "slurm", "target"], ["-p", "--jobs", "4"], ["--touch"], ["--dag", "pdf"]):  # the last: Snakemake stops on it itself
+        assert planning_flag(submits) is None, submits
 
 
 def test_profile_names_only_existing_rules():

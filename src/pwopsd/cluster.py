@@ -4,6 +4,8 @@ before any job starts (rules use nothing from here).
 * :func:`submits_to_slurm`: a run whose default resources name a Slurm account is a cluster run.
 * :func:`placeholder_problems`: the profile's ``CHANGE_ME`` values, each named with its file and key,
   so that a run with an unset account or partition stops before any job, local or remote.
+* :func:`planning_flag`: the command-line flag that makes a run submit nothing (``-n``, ``--dag``,
+  ...), for which those values are a warning and the plan is shown.
 * :func:`export_max_runtime`: the partition's maximum runtime, which caps every runtime expression in
   the profile (``min(... * attempt, $PWOPSD_MAX_RUNTIME_MIN)``), from ``cluster.max_runtime_min``.
 """
@@ -38,6 +40,35 @@ def placeholder_problems(defaults: Mapping[str, str], per_rule: Mapping[str, Map
             if PLACEHOLDER in str(value):
                 problems.append(f"{PROFILE}: set-resources.{rule}.{key} is {value}: set it for your cluster")
     return problems
+
+
+# Snakemake's flags (argparse destinations) after which it plans, draws or lists, and runs no job.
+PLANNING_FLAGS = ("dryrun", "dag", "rulegraph", "filegraph", "d3dag", "summary", "detailed_summary", "list_rules",
+                  "list_target_rules", "list_changes", "list_untracked", "list_conda_envs", "lint", "print_compilation",
+                  "containerize", "report")
+
+
+def planning_flag(argv: list[str]) -> str | None:
+    """The first flag of ``argv`` (Snakemake's command line, parsed by Snakemake's own parser, so
+    that ``-np`` counts) with which no job runs, or None: then the run may submit. The Snakefile is
+    read before Snakemake knows its executor, so the command line is what tells; anything it
+    cannot read counts as a run that submits."""
+    from snakemake.cli import get_argument_parser
+
+    import contextlib
+    import io
+
+    parser = get_argument_parser()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # Snakemake itself reports a bad command line
+            args, _ = parser.parse_known_args(argv)
+    except (SystemExit, Exception):  # noqa: BLE001 - an unreadable command line submits
+        return None
+    for dest in PLANNING_FLAGS:
+        if getattr(args, dest, None) not in (None, False):
+            action = next(a for a in parser._actions if a.dest == dest)
+            return action.option_strings[0]
+    return None
 
 
 def export_max_runtime(minutes: int, env: dict | None = None) -> None:

@@ -37,10 +37,10 @@ except cfgmod.ConfigError as exc:
 config.clear()
 config.update(_validated)
 
-# A run that submits to Slurm (--profile slurm): stop on the profile's CHANGE_ME placeholders before
-# any job (dry runs too: nothing is known yet about the executor while this file is read), give jobs
-# the threads the profile grants (not this login node's core count, which
-# `cores: all` of profiles/default would impose, also on how many jobs run at once) and cap
+# A run with the Slurm profile (--profile slurm): stop on the profile's CHANGE_ME placeholders before
+# any job, but let a run that submits nothing (-n, --dag, --rulegraph, --summary, ...) show its plan
+# with one warning; give jobs the threads the profile grants (not this login node's core count,
+# which `cores: all` of profiles/default would impose, also on how many jobs run at once) and cap
 # runtimes at the partition maximum.
 from pwopsd import cluster as clustermod
 
@@ -50,7 +50,11 @@ if clustermod.submits_to_slurm(_slurm_defaults):
 
     _unset = clustermod.placeholder_problems(_slurm_defaults, workflow.resource_settings.overwrite_resources)
     if _unset:
-        raise WorkflowError("the Slurm profile is not set up:\n  " + "\n  ".join(_unset))
+        _planning = clustermod.planning_flag(sys.argv[1:])
+        if _planning is None:
+            raise WorkflowError("the Slurm profile is not set up:\n  " + "\n  ".join(_unset))
+        logger.warning(f"the Slurm profile is not set up ({_planning} submits nothing, so the plan follows; "
+                       "a run stops here until these are set):\n  " + "\n  ".join(_unset))
     workflow.global_resources["_cores"] = Resource("_cores", sys.maxsize)
     clustermod.export_max_runtime(config["cluster"]["max_runtime_min"])
 
