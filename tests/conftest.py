@@ -123,5 +123,7 @@ def tiny_run(tmp_path_factory):
 
     workdir = tmp_path_factory.mktemp("tiny")
     shutil.copytree(REPO / "tiny" / "config", workdir / "config")
-    proc = run_snakemake(["--cores", "2", "--directory", str(workdir)])
+    # With experiment tracking on (W&B offline, the reference's tracker; a command-line override,
+    # which reruns nothing later): test_workflow reads the tracked runs back.
+    proc = run_snakemake(["--cores", "2", "--directory", str(workdir), "--config", "tracking={backend: wandb, mode: offline}"])
     return workdir, proc

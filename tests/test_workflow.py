@@ -347,6 +347,41 @@ def test_a_training_seed_added_in_the_config_reruns_only_its_chain_and_the_table
     assert tables == {"main_4b", "cross_model", "ablation_4b"}
 
 
+def test_tiny_run_tracks_training_evaluation_and_diagnostic(tiny_run):
+    """The tiny run with tracking on (W&B offline, tests/conftest.py): each training run's tracked
+    steps are its train_log.jsonl, each grade job's tracked metrics its metrics files, the
+    diagnostic's tracked AUROCs those of branch_auroc.json."""
+    from pwopsd.tracking import training_run_name
+    from tracker_stores import wandb_offline_runs
+
+    workdir, _ = tiny_run
+    runs = {r["name"]: r for r in wandb_offline_runs(workdir / "results" / "tracking").values()}
+    logs = sorted((workdir / "results" / "training").glob("*/*/train_log.jsonl"))
+    assert len(logs) >= 10
+    for path in logs:
+        model, run = path.parts[-3], path.parts[-2]
+        tracked = runs[training_run_name(model, run)]
+        assert tracked["job_type"] == "train" and tracked["config"]["run"] == run
+        logged = [json.loads(x) for x in path.read_text().splitlines()]
+        assert [s for s, _ in tracked["history"]] == [x["step"] for x in logged], run
+        for (_, values), row in zip(tracked["history"], logged):
+            assert values == pytest.approx({k: float(v) for k, v in row.items() if k != "step"}, rel=1e-12), run
+    for metrics_dir in sorted((workdir / "results" / "metrics").glob("*/*")):
+        model, checkpoint = metrics_dir.parts[-2], metrics_dir.parts[-1]
+        group = f"{model}/base" if checkpoint == "base" else training_run_name(model, checkpoint)
+        (tracked,) = [r for name, r in runs.items() if name.startswith(f"{group}/eval")]
+        (step, values), = tracked["history"]
+        for path in metrics_dir.glob("*/seed-*.json"):
+            summary = json.loads(path.read_text())
+            for key, value in summary["metrics_pct"].items():
+                assert values[f"{summary['benchmark']}/seed-{summary['seed_name']}/{key}"] == pytest.approx(value), path
+    diagnostic = json.loads(next((workdir / "results" / "diagnostic").glob("*/branch_auroc.json")).read_text())
+    (tracked,) = [r for name, r in runs.items() if name.endswith("/diagnostic")]
+    values = tracked["history"][0][1]
+    assert {f"auroc/{row['score']}": row["auroc"] for row in diagnostic["scores"]} == pytest.approx(
+        {k: v for k, v in values.items() if k.startswith("auroc/")})
+
+
 def test_a_command_line_override_replans_with_the_typed_value(tiny_run):
     """`--config 'evaluation={n: 3}'` on the finished run: every generate job is planned again for
     the integer 3 (its params), and nothing upstream of generation (no training, no model build)."""

@@ -4,6 +4,7 @@ from pwopsd.diagnostic.phases import branch_auroc_summary, scored_candidates
 from pwopsd.io import read_parquet, write_json, write_parquet
 from pwopsd.runtime import provenance, setup_logging
 from pwopsd.standalone import standalone_snakemake
+from pwopsd.tracking import diagnostic_run, track_once
 
 
 def main(snakemake):
@@ -16,6 +17,8 @@ def main(snakemake):
     write_parquet(scored, snakemake.output.scored, metadata=provenance(phase="G", settings=snakemake.params.settings))
     write_json(summary, snakemake.output.summary)
     log.info("%s; counts %s", summary["status"], summary["counts"])
+    # Experiment tracking (config, not params: it reruns no job); a tracker failure is one warning.
+    track_once(snakemake.config.get("tracking"), *diagnostic_run(snakemake.wildcards.model, summary))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from pwopsd.evaluation.grading import GraderPool, pool_settings
 from pwopsd.io import read_parquet, write_json, write_parquet
 from pwopsd.runtime import setup_logging, versions
 from pwopsd.standalone import standalone_snakemake
+from pwopsd.tracking import evaluation_run, track_once
 
 
 def main(snakemake):
@@ -15,6 +16,7 @@ def main(snakemake):
     tables = dict(zip(snakemake.params.benchmarks, snakemake.input.benchmarks))
     # inputs and outputs are expanded benchmark-major over the job's seeds (see rule grade)
     jobs = [(name, seed) for name in snakemake.params.benchmarks for seed in snakemake.params.seeds]
+    summaries = []
     with GraderPool(workers=snakemake.threads, timeout=gs.timeout, options=gs.options, progress=True) as pool:
         for (name, seed), gens, graded_out, metrics_out in zip(jobs, snakemake.input.generations, snakemake.output.graded,
                                                                snakemake.output.metrics, strict=True):
@@ -25,7 +27,10 @@ def main(snakemake):
                                         maj_budget=gs.maj_budget, graders=gs.graders, verdicts=gs.verdicts)
             write_parquet(graded, graded_out, metadata=meta)
             write_json(summary, metrics_out)
+            summaries.append(summary)
             log.info("%s: %s", metrics_out, summary["metrics_pct"])
+    # Experiment tracking (config, not params: it reruns no job); a tracker failure is one warning.
+    track_once(snakemake.config.get("tracking"), *evaluation_run(wc.model, wc.checkpoint, summaries, snakemake.params.grading))
 
 
 if __name__ == "__main__":

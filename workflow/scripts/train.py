@@ -21,6 +21,9 @@ def main(snakemake):
         "adapter_out": snakemake.output.adapter,
         "log_out": snakemake.output.log,
     }
+    # Read from the config, not params: switching tracking on or off reruns no training run.
+    args["tracking"] = {"settings": snakemake.config.get("tracking"), "model": snakemake.wildcards.model,
+                        "run": snakemake.wildcards.method}
     if "schedule" in snakemake.input.keys():  # schedule_from: diagnostic -> the fitted (w_min, tau, s)
         fit = read_json(snakemake.input.schedule)
         args["train"] = {**p.train, "loss": {**p.train["loss"], **fit["params"]}}

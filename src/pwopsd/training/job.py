@@ -94,6 +94,20 @@ def checkpoint_dir(work_root: str | Path, args: dict) -> Path:
     return Path(work_root) / fingerprint(run_key(args))
 
 
+def training_tracker(args: dict):
+    """The tracked run of this training run (``args["tracking"]``: the config's ``tracking``
+    section, the model and the run), identified by the run key: a resumed job continues it."""
+    from pwopsd.tracking import Tracker, TrackedRun, training_run_name
+
+    tracking = args.get("tracking") or {}
+    settings = tracking.get("settings") or {"backend": "none"}
+    name = training_run_name(tracking.get("model", "model"), tracking.get("run", "run"))
+    key = Path(args["work_dir"]).name  # the checkpoint folder: the fingerprint of the run key
+    config = {"model": tracking.get("model"), "run": tracking.get("run"), "run_key": key, "train": args["train"],
+              "dtype": args["dtype"], "chat_template": args["chat_template"], "eval_step": args["eval_step"]}
+    return Tracker(settings, TrackedRun(name=name, key=key, group=name, job_type="train", config=config))
+
+
 def check_world_size(expected: int, env: dict | None = None) -> int:
     """The number of training processes, which must be the number the job asked for: a launcher
     that silently starts fewer processes (an accelerate launch that sees no GPUs starts one) would
@@ -136,6 +150,7 @@ def run(args: dict) -> None:
     check, pool = _answer_checker(args["grading"]) if has_answers else (None, None)
     rank, _ = dist_info()
     rollouts = None
+    tracker = training_tracker(args) if rank == 0 else None
     try:
         if cfg.rollout_backend != "hf":  # hf: the Trainer samples its live model itself
             rollouts = make_rollouts(cfg.rollout_backend, model=None, tokenizer=tokenizer,
@@ -146,9 +161,11 @@ def run(args: dict) -> None:
         trainer = Trainer(model, tokenizer, examples, cfg, args["work_dir"],
                           add_special_tokens=args["chat_template"].get("add_special_tokens", True),
                           think_closure=args["chat_template"].get("think_closure", True), answer_check=check,
-                          rollouts=rollouts)
+                          rollouts=rollouts, tracker=tracker)
         trainer.train()
     finally:
+        if tracker is not None:
+            tracker.close()
         if rollouts is not None:
             rollouts.close()
         if pool is not None:

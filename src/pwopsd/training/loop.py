@@ -184,7 +184,8 @@ def latest_checkpoint(work_dir: Path) -> Path | None:
 
 class Trainer:
     def __init__(self, model, tokenizer, examples: list[Example], cfg: TrainConfig, work_dir: str | Path, *,
-                 add_special_tokens: bool = True, think_closure: bool = True, answer_check=None, rollouts=None):
+                 add_special_tokens: bool = True, think_closure: bool = True, answer_check=None, rollouts=None,
+                 tracker=None):
         from peft import LoraConfig, get_peft_model
 
         self.cfg = cfg
@@ -224,6 +225,8 @@ class Trainer:
         # passes a colocated vLLM one (training.rollout_backend: vllm, made by make_rollouts).
         self.rollout_engine = rollouts if rollouts is not None else HFRollouts(
             self.inner, tokenizer, batch_size=cfg.rollout_batch_size, policy=cfg.rollout_policy)
+        # Experiment tracking (pwopsd.tracking.Tracker, rank 0 only): each logged step is sent too.
+        self.tracker = tracker
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self) -> Path | None:
@@ -346,6 +349,8 @@ class Trainer:
             if self.rank == 0:
                 with open(history_path, "a") as fh:
                     fh.write(json.dumps(stats) + "\n")
+                if self.tracker is not None:
+                    self.tracker.log({k: v for k, v in stats.items() if k != "step"}, self.step)
             log.info("step %d/%d loss %.5f kl %.4f len %.1f %.2fs", self.step, self.cfg.max_steps, stats["loss"],
                      stats["kl"], stats["rollout_length"], stats["seconds"])
             if self.step % self.cfg.save_every == 0 or self.step == self.cfg.max_steps:
