@@ -29,7 +29,7 @@ def paper_train_config(loss: str, **overrides):
     from pwopsd.training.loop import TrainConfig
 
     cfg = load_config(REPO / "config" / "config.yaml")
-    method = {"opsd": "opsd", "pwopsd": "pwopsd_moderate", "eopd": "eopd", "reopold": "reopold"}[loss]
+    method = {"opsd": "opsd", "pwopsd": "pwopsd_moderate", "eopd": "eopd", "reopold": "reopold", "gkd": "gkd", "todi": "todi"}[loss]
     rollouts = {"rollout_backend": "hf", "rollout_engine": {}, "rollout_policy": "adapter"}
     return TrainConfig(**{**training_config(cfg, "qwen3_4b", method), **rollouts, **overrides})
 

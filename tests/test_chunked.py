@@ -60,13 +60,49 @@ def test_reopold(step):
           lambda: C.reopold_loss_chunked(h_s, h_t, W, tokens, mask, step=step, chunk_size=5, **kw("reopold")), h_s)
 
 
+@pytest.mark.parametrize("beta", [0.0, 0.5, 0.9, 1.0])
+@pytest.mark.parametrize("clip", [0.05, None])
+def test_gkd(beta, clip):
+    h_s, h_t, W, tokens, mask = setup(6)
+    p = kw("gkd", beta=beta, clip=clip)
+    check(lambda: L.gkd_loss(h_s @ W.T, h_t @ W.T, mask, **p),
+          lambda: C.gkd_loss_chunked(h_s, h_t, W, mask, chunk_size=4, **p), h_s)
+
+
+@pytest.mark.parametrize("beta", [0.5, 1.0, 3.0])
+@pytest.mark.parametrize("clip", [0.05, None])
+def test_todi(beta, clip):
+    h_s, h_t, W, tokens, mask = setup(7)
+    p = kw("todi", beta=beta, clip=clip)
+    check(lambda: L.todi_loss(h_s @ W.T, h_t @ W.T, mask, **p),
+          lambda: C.todi_loss_chunked(h_s, h_t, W, mask, chunk_size=3, **p), h_s)
+
+
+def test_every_registered_loss_has_a_schema_branch_and_a_reference_form():
+    """The registry, the schema's loss enum and its per-loss parameter branches, and the reference
+    forms name the same losses: a method is a reference loss, a chunked form with its registry
+    entry, a schema branch and a config entry (README, "Where to add...")."""
+    from pwopsd.config import load_schema, schema_defaults
+
+    schema = load_schema()
+    method = schema["properties"]["methods"]["additionalProperties"]
+    enum = method["properties"]["loss"]["enum"]
+    branches = [b["if"]["properties"]["loss"]["const"] for b in method["allOf"]]
+    assert sorted(C.LOSSES) == sorted(enum) == sorted(branches)
+    for name in C.LOSSES:
+        assert callable(getattr(L, f"{name}_loss"))
+        assert isinstance(schema_defaults("methods", {"loss": name})["params"], dict)
+
+
 def test_all_invalid_batch():
     h_s, h_t, W, tokens, _ = setup(4)
     mask = torch.zeros(h_s.shape[:2])
     for loss in (C.opsd_loss_chunked(h_s, h_t, W, mask, chunk_size=4, **kw("opsd")),
                  C.pwopsd_loss_chunked(h_s, h_t, W, mask, chunk_size=4, **kw("pwopsd")),
                  C.eopd_loss_chunked(h_s, h_t, W, tokens, mask, chunk_size=4, **kw("eopd")),
-                 C.reopold_loss_chunked(h_s, h_t, W, tokens, mask, step=0, chunk_size=4, **kw("reopold"))):
+                 C.reopold_loss_chunked(h_s, h_t, W, tokens, mask, step=0, chunk_size=4, **kw("reopold")),
+                 C.gkd_loss_chunked(h_s, h_t, W, mask, chunk_size=4, **kw("gkd")),
+                 C.todi_loss_chunked(h_s, h_t, W, mask, chunk_size=4, **kw("todi"))):
         assert float(loss) == 0.0 and loss.requires_grad
 
 

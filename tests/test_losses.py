@@ -12,12 +12,14 @@ from pathlib import Path
 from pwopsd.config import load_config, loss_keywords
 from pwopsd.training.losses import (
     eopd_loss,
+    gkd_loss,
     opsd_loss,
     position_weights,
     pwopsd_loss,
     reopold_floor,
     reopold_loss,
     schedule_weight,
+    todi_loss,
 )
 
 # The paper's four schedules as the paper config declares them (w_min, tau, s).
@@ -136,7 +138,8 @@ def test_all_invalid_batch_gives_zero_with_grad():
                  pwopsd_loss(zs, zt, mask, **loss_keywords("pwopsd", reduction="global")),
                  eopd_loss(zs, zt, tokens, mask, **loss_keywords("eopd")),
                  reopold_loss(zs, zt, tokens, mask, step=0, **loss_keywords("reopold")),
-                 reopold_loss(zs, zt, tokens, mask, step=99, **loss_keywords("reopold"))):
+                 reopold_loss(zs, zt, tokens, mask, step=99, **loss_keywords("reopold")),
+                 gkd_loss(zs, zt, mask, **loss_keywords("gkd")), todi_loss(zs, zt, mask, **loss_keywords("todi"))):
         assert float(loss) == 0.0 and loss.requires_grad
         loss.backward()
     assert torch.count_nonzero(zs.grad) == 0
@@ -196,3 +199,59 @@ def test_reopold_phases_against_naive(step):
     ours = reopold_loss(zs, zt, tokens, mask, temperature=T, lam=0.1, beta=0.2, step=step, t_switch=50)
     assert_same_value_and_grad(ours, naive, zs)
     assert 0 < len(keep) < len(pos)  # both phases drop some tokens on this batch
+
+
+# ---------------------------------------------------------------------------------------------
+# Baselines beyond the paper: ToDi from its equations, GKD at its endpoints (TRL's own function is
+# the anchor of tests/test_baseline_anchors.py).
+
+
+def naive_todi_token(zs, zt, b, t, temperature, beta, clip):
+    """ToDi at one position, entry by entry in float64: alpha_j = sigmoid(beta log(p_j / q_j)) as a
+    constant, alpha_j p_j log(p_j / q_j) + (1 - alpha_j) q_j log(q_j / p_j), each clamped at clip."""
+    q = torch.softmax(zs[b, t] / temperature, -1)  # student
+    p = torch.softmax(zt[b, t] / temperature, -1)  # teacher
+    total = 0.0
+    for j in range(zs.shape[-1]):
+        ratio = math.log(float(p[j])) - math.log(float(q[j].detach()))
+        alpha = 1.0 / (1.0 + math.exp(-beta * ratio))
+        e = alpha * p[j] * (torch.log(p[j]) - torch.log(q[j])) + (1 - alpha) * q[j] * (torch.log(q[j]) - torch.log(p[j]))
+        total = total + (torch.clamp(e, max=clip) if clip is not None else e)
+    return total
+
+
+@pytest.mark.parametrize("beta", [0.5, 1.0, 4.0])
+@pytest.mark.parametrize("clip", [0.05, None])
+def test_todi_loss_against_its_equations(beta, clip):
+    zs, zt, _, mask = batch(6)
+    pos = valid_positions(mask)
+    naive = sum(naive_todi_token(zs, zt, b, t, 0.7, beta, clip) for b, t in pos) / len(pos)
+    assert_same_value_and_grad(todi_loss(zs, zt, mask, temperature=0.7, clip=clip, beta=beta), naive, zs)
+
+
+def test_todi_weights_forward_kl_where_the_student_underestimates():
+    """With a large beta the weight is a step: ToDi is then the forward-KL term on the entries the
+    student underestimates plus the reverse-KL term on those it overestimates."""
+    zs, zt, _, mask = batch(7)
+    T = 1.0
+    ps, pt = torch.softmax(zs / T, -1), torch.softmax(zt / T, -1)
+    under = (pt > ps).double()
+    fkl = pt * (pt.log() - ps.log())
+    rkl = ps * (ps.log() - pt.log())
+    per_token = (under * fkl + (1 - under) * rkl).sum(-1)
+    m = mask.double()
+    expected = (per_token * m).sum() / m.sum()
+    got = todi_loss(zs, zt, mask, temperature=T, clip=None, beta=1e4)
+    assert float(got) == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_gkd_at_beta_0_is_opsd_and_at_beta_1_the_reverse_kl():
+    zs, zt, _, mask = batch(8)
+    for clip in (0.05, None):
+        assert float(gkd_loss(zs, zt, mask, temperature=1.1, clip=clip, beta=0.0)) == pytest.approx(
+            float(opsd_loss(zs, zt, mask, temperature=1.1, clip=clip)), rel=1e-12)
+    ps, pt = torch.softmax(zs / 1.1, -1), torch.softmax(zt / 1.1, -1)
+    rkl = (ps * (ps.log() - pt.log())).sum(-1)
+    m = mask.double()
+    assert float(gkd_loss(zs, zt, mask, temperature=1.1, clip=None, beta=1.0)) == pytest.approx(
+        float((rkl * m).sum() / m.sum()), rel=1e-6)

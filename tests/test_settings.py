@@ -49,7 +49,7 @@ def test_runs_are_configured_and_tables_select_among_them(paper):
     assert len(runs) == 3 * len(paper["methods"]) - 2 and ("olmo3_7b_think", "reopold") in runs
     assert ("qwen3_4b", "pwopsd_fitted") in runs and ("olmo3_7b_think", "pwopsd_fitted") not in runs
     shown = runs_in_tables(paper)
-    assert len(shown) == 14 and set(shown) <= set(runs)
+    assert len(shown) == 16 and set(shown) <= set(runs)  # Tables 2-5 (14 runs) and the baselines table's ToDi and GKD
     assert settings.curve_runs(paper, W(model="dsr1_llama_8b")) == ["opsd", "pwopsd_moderate"]
 
 

@@ -56,7 +56,7 @@ def model_factory(random_tiny_model):
     return make
 
 
-@pytest.mark.parametrize("method", ["opsd", "eopd", "reopold"])
+@pytest.mark.parametrize("method", ["opsd", "eopd", "reopold", "gkd", "todi"])
 def test_every_method_trains_and_logs(tmp_path, model_factory, tiny_tokenizer, method):
     tr = _trainer(model_factory, tiny_tokenizer, tmp_path, method=method, steps=2)
     before = {k: v.clone() for k, v in tr.model.named_parameters() if v.requires_grad}

@@ -27,14 +27,15 @@ def job_counts(output: str) -> dict[str, int]:
 def test_paper_dry_run_lists_data_and_generation_jobs():
     proc = run_snakemake(["-n", "--quiet", "rules"])
     counts = job_counts(proc.stdout + proc.stderr)
-    # Qwen3-4B: 5 methods + 3 more schedules + the fitted schedule + 2 ablation cells; DSR1 and Olmo: OPSD, PW-OPSD
-    runs = 10 + 2 + 2
+    # Qwen3-4B: 5 methods + 3 more schedules + the fitted schedule + 2 ablation cells + ToDi and GKD (the baselines
+    # table, beyond the paper); DSR1 and Olmo: OPSD, PW-OPSD
+    runs = 12 + 2 + 2
     seeds = 3
     assert counts["prepare_benchmark"] == 4 and counts["fetch_model"] == 3 and counts["prepare_train_corpus"] == 1
     # one generation and one grading job per (model, checkpoint, seed), each covering the 4 benchmarks
     assert counts["generate"] == (3 + runs) * seeds and counts["grade"] == (3 + runs) * seeds
     assert counts["train"] == runs and counts["merge_adapter"] == runs
-    assert counts["table"] == 4 and counts["schedules_figure"] == 1 and counts["aggregate_metrics"] == 1
+    assert counts["table"] == 5 and counts["schedules_figure"] == 1 and counts["aggregate_metrics"] == 1
     assert all(counts[phase] == 1 for phase in DIAGNOSTIC_PHASES + ["branch_auroc_table", "branch_auroc_figure", "fit_schedule"])
     assert "build_tiny_model" not in counts
 
@@ -148,7 +149,7 @@ def test_tiny_run_grades_and_aggregates_over_seeds(tiny_run):
 
 
 TINY_METHODS = ["opsd", "eopd", "reopold", "pwopsd_mild", "pwopsd_moderate", "pwopsd_sharp", "pwopsd_aggressive",
-                "uniform_perseq", "posw_global", "pwopsd_fitted"]
+                "uniform_perseq", "posw_global", "pwopsd_fitted", "todi", "gkd"]
 
 
 @pytest.mark.workflow
@@ -178,7 +179,12 @@ def test_tiny_run_writes_tables_and_figures(tiny_run):
     assert ablation.count("\\mathbf") == 1 and "Pos-w / global" in ablation
     numbers = pd.read_csv(workdir / "results/tables/main_4b.csv")
     assert set(numbers["checkpoint"]) == {"opsd", "eopd", "reopold", "pwopsd_moderate", "pwopsd_aggressive"}
-    for fig in ("pwopsd_schedules", "training_curves_tiny_qwen3", "deltas_main_4b", "deltas_schedules_4b", "deltas_cross_model"):
+    baselines = pd.read_csv(workdir / "results/tables/baselines_4b.csv")  # beyond the paper: ToDi and GKD
+    assert set(baselines["checkpoint"]) == {"opsd", "todi", "gkd", "pwopsd_moderate"}
+    tex = (workdir / "results/tables/baselines_4b.tex").read_text()
+    assert tex.count("\\multirow{4}{*}") == 5 and "ToDi" in tex and "GKD (JSD 0.9)" in tex and "& --" not in tex
+    for fig in ("pwopsd_schedules", "training_curves_tiny_qwen3", "deltas_main_4b", "deltas_schedules_4b", "deltas_cross_model",
+                "deltas_baselines_4b"):
         assert (workdir / f"results/figures/{fig}.pdf").read_bytes()[:5] == b"%PDF-"
         assert len(pd.read_csv(workdir / f"results/figures/{fig}.csv")) > 0
 
@@ -344,7 +350,7 @@ def test_a_training_seed_added_in_the_config_reruns_only_its_chain_and_the_table
     assert set(re.findall(r"wildcards: model=\w+, (?:method|checkpoint)=([\w-]+)", out)) == {"opsd-seed44"}
     # the tables that show OPSD, not the schedules table (no OPSD row); all significance tables (OPSD is their baseline)
     tables = set(re.findall(r"rule table:\s*\n\s*input:[^\n]*\n\s*output: results/tables/(\w+)\.tex", out))
-    assert tables == {"main_4b", "cross_model", "ablation_4b"}
+    assert tables == {"main_4b", "cross_model", "ablation_4b", "baselines_4b"}
 
 
 def test_tiny_run_tracks_training_evaluation_and_diagnostic(tiny_run):

@@ -140,14 +140,14 @@ def _semantic_problems(cfg: dict) -> list[str]:
                     f"but training.effective_batch is {tr['effective_batch']}")
     methods = cfg.get("methods", {})
     tables = cfg.get("tables", {})
-    for key in ("main", "schedules", "cross_model"):
+    for key in ("main", "schedules", "cross_model", "baselines"):
         for i, meth in enumerate(tables.get(key, {}).get("methods", [])):
             if meth not in methods:
                 problems.append(f"tables.{key}.methods.{i}: {meth!r} is not a configured method")
     for i, c in enumerate(tables.get("ablation", {}).get("cells", [])):
         if c["method"] not in methods:
             problems.append(f"tables.ablation.cells.{i}.method: {c['method']!r} is not a configured method")
-    for key in ("main", "schedules", "ablation"):
+    for key in ("main", "schedules", "ablation", "baselines"):
         if key in tables and tables[key]["model"] not in cfg["models"]:
             problems.append(f"tables.{key}.model: {tables[key]['model']!r} is not a configured model")
     if "ablation" in tables and tables["ablation"]["benchmark"] not in cfg["benchmarks"]:
@@ -541,8 +541,9 @@ def table_methods(cfg: dict) -> dict[str, list[tuple[str, str]]]:
     runs: dict[str, list[tuple[str, str]]] = {}
     if "main" in t:
         runs["main"] = [(t["main"]["model"], m) for m in t["main"]["methods"]]
-    if "schedules" in t:
-        runs["schedules"] = [(t["schedules"]["model"], m) for m in t["schedules"]["methods"]]
+    for kind in ("schedules", "baselines"):
+        if kind in t:
+            runs[kind] = [(t[kind]["model"], m) for m in t[kind]["methods"]]
     if "cross_model" in t:
         models = t["cross_model"].get("models") or list(cfg["models"])
         runs["cross_model"] = [(mo, me) for mo in models for me in t["cross_model"]["methods"]]
@@ -595,7 +596,7 @@ def significance_runs(cfg: dict, output: str) -> list[tuple[str, str]]:
 
 
 def table_outputs(cfg: dict) -> dict[str, str]:
-    """Output name -> table kind (``main``, ``schedules``, ``cross_model``, ``ablation``)."""
+    """Output name -> table kind (``main``, ``schedules``, ``cross_model``, ``ablation``, ``baselines``)."""
     return {spec["output"]: kind for kind, spec in cfg.get("tables", {}).items() if isinstance(spec, dict) and "output" in spec}
 
 
@@ -658,11 +659,15 @@ def schema_defaults(section: str, entry: dict | None = None) -> dict:
 
 def loss_keywords(loss: str, **params) -> dict:
     """Keyword arguments of a reference loss function (:mod:`pwopsd.training.losses`) with the schema's
-    defaults: the loss's own parameters plus the shared distillation temperature (and the clamp of
-    the forward-KL losses); ``params`` override them."""
+    defaults: the loss's own parameters plus the shared distillation temperature (and the
+    per-vocabulary clamp, for the losses whose function takes ``clip``); ``params`` override them."""
+    import inspect
+
+    from pwopsd.training import losses
+
     train = schema_defaults("training")
     kw = {"temperature": train["temperature"]}
-    if loss in ("opsd", "pwopsd"):
+    if "clip" in inspect.signature(getattr(losses, f"{loss}_loss")).parameters:
         kw["clip"] = train["clip"]
     kw.update(schema_defaults("methods", {"loss": loss})["params"])
     unknown = set(params) - set(kw) - ({"upcast"} if loss == "opsd" else set())

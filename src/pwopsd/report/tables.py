@@ -133,15 +133,18 @@ def render_table(summary, spec: dict, benchmarks: Sequence[str]) -> str:
     bl = [(b, spec["benchmark_labels"].get(b, b)) for b in benchmarks]
     n = spec.get("n", 12)
     kind = spec["kind"]
-    if kind in ("main", "schedules"):
+    if kind in ("main", "schedules", "baselines"):
         model = spec["model"]
         rows = [(m, _label(spec, m)) for m in spec["methods"]]
         mlabel = spec["model_labels"].get(model, model)
-        if kind == "main":
+        if kind in ("main", "baselines"):
             caption = (f"{mlabel} results. Entries report mean $\\pm$ standard deviation across evaluation seeds. "
                        "Bold marks the best value for each benchmark--metric column and any value within 0.1 pp of the leader.")
+            if kind == "baselines":
+                caption = ("Beyond the paper: token-level distillation objectives its related work discusses, trained "
+                           "with the same rollouts, privileged teacher and budget. " + caption)
             return method_benchmark_table(summary, model=model, rows=rows, benchmarks=bl, n=n, caption=caption,
-                                          label="tab:main-4b", preamble=["\\setlength{\\tabcolsep}{4.5pt}"])
+                                          label=f"tab:{kind}-4b", preamble=["\\setlength{\\tabcolsep}{4.5pt}"])
         caption = (f"Position-schedule sweep on {mlabel}. Mean $\\pm$ standard deviation across evaluation seeds; "
                    "bold marks the best value for each benchmark--metric column within the sweep.")
         return method_benchmark_table(summary, model=model, rows=rows, benchmarks=bl, n=n, caption=caption,

@@ -89,6 +89,20 @@ def _eopd_term(temperature: float, entropy_threshold: float, top_k: int, ppo_eps
     return term
 
 
+def _gkd_term(temperature: float, clip: float | None, beta: float) -> TokenLoss:
+    def term(zs, zt, y):
+        return L.generalized_jsd_terms(zs, zt, beta=beta, temperature=temperature, clip=clip)
+
+    return term
+
+
+def _todi_term(temperature: float, clip: float | None, beta: float) -> TokenLoss:
+    def term(zs, zt, y):
+        return L.todi_terms(zs, zt, beta=beta, temperature=temperature, clip=clip)
+
+    return term
+
+
 @dataclass
 class FlatBatch:
     """Valid tokens of a micro-batch, flattened: hidden states ``[N, H]``, tokens and positions."""
@@ -104,12 +118,24 @@ def flatten_valid(h_s, h_t, tokens, mask) -> FlatBatch:
     return FlatBatch(h_s[rows, cols], h_t[rows, cols], tokens[rows, cols].long(), (rows, cols))
 
 
-def opsd_loss_chunked(h_s, h_t, weight, mask, *, temperature, clip, upcast=True, chunk_size):
+def token_mean_chunked(h_s, h_t, weight, mask, term: TokenLoss, *, chunk_size):
+    """The global mean over valid tokens of a full-vocabulary per-token ``term`` (OPSD, GKD, ToDi)."""
     flat = flatten_valid(h_s, h_t, torch.zeros_like(mask, dtype=torch.long), mask)
     n = flat.tokens.numel()
     coeff = torch.full((n,), 1.0 / max(n, 1), device=h_s.device)
-    return chunked_weighted_sum(flat.h_s, flat.h_t, weight, flat.tokens, coeff, _fkl_term(temperature, clip, upcast),
-                                chunk_size=chunk_size)
+    return chunked_weighted_sum(flat.h_s, flat.h_t, weight, flat.tokens, coeff, term, chunk_size=chunk_size)
+
+
+def opsd_loss_chunked(h_s, h_t, weight, mask, *, temperature, clip, upcast=True, chunk_size):
+    return token_mean_chunked(h_s, h_t, weight, mask, _fkl_term(temperature, clip, upcast), chunk_size=chunk_size)
+
+
+def gkd_loss_chunked(h_s, h_t, weight, mask, *, temperature, clip, beta, chunk_size):
+    return token_mean_chunked(h_s, h_t, weight, mask, _gkd_term(temperature, clip, beta), chunk_size=chunk_size)
+
+
+def todi_loss_chunked(h_s, h_t, weight, mask, *, temperature, clip, beta, chunk_size):
+    return token_mean_chunked(h_s, h_t, weight, mask, _todi_term(temperature, clip, beta), chunk_size=chunk_size)
 
 
 def pwopsd_loss_chunked(h_s, h_t, weight, mask, *, temperature, clip, w_min, tau, s, reduction, chunk_size):
@@ -192,4 +218,13 @@ def _reopold(h_s, h_t, weight, tokens, mask, *, step, temperature, clip, upcast,
                                 chunk_size=chunk_size, **params)
 
 
-LOSSES: dict[str, Callable[..., torch.Tensor]] = {"opsd": _opsd, "pwopsd": _pwopsd, "eopd": _eopd, "reopold": _reopold}
+def _gkd(h_s, h_t, weight, tokens, mask, *, step, temperature, clip, upcast, chunk_size, **params):
+    return gkd_loss_chunked(h_s, h_t, weight, mask, temperature=temperature, clip=clip, chunk_size=chunk_size, **params)
+
+
+def _todi(h_s, h_t, weight, tokens, mask, *, step, temperature, clip, upcast, chunk_size, **params):
+    return todi_loss_chunked(h_s, h_t, weight, mask, temperature=temperature, clip=clip, chunk_size=chunk_size, **params)
+
+
+LOSSES: dict[str, Callable[..., torch.Tensor]] = {"opsd": _opsd, "pwopsd": _pwopsd, "eopd": _eopd, "reopold": _reopold,
+                                                  "gkd": _gkd, "todi": _todi}

@@ -13,6 +13,16 @@ predicts token ``tokens[:, t]``), ``mask``/``tokens`` ``[B, T]``. ``mask`` is 1 
 * :func:`reopold_loss`: REOPOLD's clipped log-ratio reward policy gradient with the exploration /
   refinement phase switch (Ko et al. 2026, as the reference implements it).
 
+Beyond the paper, two baselines its related work discusses (docs/decisions.md, "Baselines beyond
+the paper"), on the same rollouts and privileged teacher, with OPSD's temperature, per-vocabulary
+clip and global token mean:
+
+* :func:`gkd_loss`: GKD's generalized Jensen-Shannon divergence JSD(beta) on student samples
+  (Agarwal et al. 2024), as TRL's ``generalized_jsd_loss`` computes it (beta = 0: forward KL, so
+  ``gkd`` with beta 0 is OPSD; beta = 1: reverse KL).
+* :func:`todi_loss`: ToDi's per-vocabulary-token mix of forward and reverse KL, weighted by a
+  sigmoid of the teacher-student log-ratio (Jung et al. 2025).
+
 Every parameter is a required keyword: the defaults (the paper's settings) live only in the config
 schema (``pwopsd.config.loss_keywords`` returns them). ``upcast`` is not a config default but the
 fp32 computation of the reference forms (the trainer passes ``training.opsd_upcast``).
@@ -70,12 +80,8 @@ def _zero_with_grad(x: torch.Tensor) -> torch.Tensor:
 
 def opsd_loss(student_logits, teacher_logits, mask, *, temperature: float, clip: float | None,
               upcast: bool = True) -> torch.Tensor:
-    m = mask.to(torch.float32)
     per_token = clipped_forward_kl_terms(student_logits, teacher_logits, temperature=temperature, clip=clip, upcast=upcast)
-    n = m.sum()
-    if n == 0:
-        return _zero_with_grad(student_logits)
-    return (per_token.float() * m).sum() / n
+    return _token_mean(per_token, mask, student_logits)
 
 
 def pwopsd_loss(student_logits, teacher_logits, mask, *, temperature: float, clip: float | None,
@@ -117,6 +123,62 @@ def pwopsd_coefficients(mask: torch.Tensor, *, w_min: float, tau: float, s: floa
     return w * m / lengths.clamp(min=1.0) / rows
 
 
+def _log_probs(student_logits, teacher_logits, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 log-softmaxes of the student and the (detached) teacher at ``temperature``."""
+    return (F.log_softmax(student_logits.float() / temperature, dim=-1),
+            F.log_softmax(teacher_logits.detach().float() / temperature, dim=-1))
+
+
+def _token_mean(per_token: torch.Tensor, mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Global mean over valid tokens (OPSD's reduction, TRL's ``batchmean`` with labels)."""
+    m = mask.to(torch.float32)
+    n = m.sum()
+    return (per_token.float() * m).sum() / n if n > 0 else _zero_with_grad(like)
+
+
+def generalized_jsd_terms(student_logits, teacher_logits, *, beta: float, temperature: float,
+                          clip: float | None) -> torch.Tensor:
+    """Per-token generalized JSD ``[...]``: with teacher T, student S and the mixture
+    ``M = beta T + (1 - beta) S``, ``sum_j min(beta T_j log(T_j / M_j) + (1 - beta) S_j log(S_j / M_j), clip)``;
+    at beta = 0 the forward KL(T || S), at beta = 1 the reverse KL(S || T) (TRL's convention)."""
+    log_ps, log_pt = _log_probs(student_logits, teacher_logits, temperature)
+    if beta == 0:
+        terms = F.kl_div(log_ps, log_pt, reduction="none", log_target=True)  # T (log T - log S)
+    elif beta == 1:
+        terms = F.kl_div(log_pt, log_ps, reduction="none", log_target=True)  # S (log S - log T)
+    else:
+        log_m = torch.logsumexp(torch.stack([log_ps + math.log1p(-beta), log_pt + math.log(beta)]), dim=0)
+        terms = (beta * F.kl_div(log_m, log_pt, reduction="none", log_target=True)
+                 + (1 - beta) * F.kl_div(log_m, log_ps, reduction="none", log_target=True))
+    if clip is not None:
+        terms = terms.clamp(max=clip)
+    return terms.sum(dim=-1)
+
+
+def gkd_loss(student_logits, teacher_logits, mask, *, temperature: float, clip: float | None, beta: float) -> torch.Tensor:
+    per_token = generalized_jsd_terms(student_logits, teacher_logits, beta=beta, temperature=temperature, clip=clip)
+    return _token_mean(per_token, mask, student_logits)
+
+
+def todi_terms(student_logits, teacher_logits, *, beta: float, temperature: float, clip: float | None) -> torch.Tensor:
+    """Per-token ToDi divergence ``[...]``: for each vocabulary entry j, with
+    ``alpha_j = sigmoid(beta (log T_j - log S_j))`` (a weight, no gradient),
+    ``min(alpha_j T_j log(T_j / S_j) + (1 - alpha_j) S_j log(S_j / T_j), clip)``, summed over j:
+    forward KL where the student underestimates the teacher, reverse KL where it overestimates."""
+    log_ps, log_pt = _log_probs(student_logits, teacher_logits, temperature)
+    alpha = torch.sigmoid(beta * (log_pt - log_ps)).detach()
+    terms = (alpha * F.kl_div(log_ps, log_pt, reduction="none", log_target=True)
+             + (1 - alpha) * F.kl_div(log_pt, log_ps, reduction="none", log_target=True))
+    if clip is not None:
+        terms = terms.clamp(max=clip)
+    return terms.sum(dim=-1)
+
+
+def todi_loss(student_logits, teacher_logits, mask, *, temperature: float, clip: float | None, beta: float) -> torch.Tensor:
+    per_token = todi_terms(student_logits, teacher_logits, beta=beta, temperature=temperature, clip=clip)
+    return _token_mean(per_token, mask, student_logits)
+
+
 def _gather(logp: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
 
@@ -142,11 +204,9 @@ def eopd_token_loss(student_logits, teacher_logits, tokens, *, temperature: floa
 
 def eopd_loss(student_logits, teacher_logits, tokens, mask, *, temperature: float, entropy_threshold: float,
               top_k: int, ppo_eps: float) -> torch.Tensor:
-    m = mask.to(torch.float32)
     per_token = eopd_token_loss(student_logits, teacher_logits, tokens, temperature=temperature,
                                 entropy_threshold=entropy_threshold, top_k=top_k, ppo_eps=ppo_eps)
-    n = m.sum()
-    return (per_token * m).sum() / n if n > 0 else _zero_with_grad(student_logits)
+    return _token_mean(per_token, mask, student_logits)
 
 
 def reopold_floor(lam: float) -> float:
