@@ -60,22 +60,14 @@ def test_reopold(step):
           lambda: C.reopold_loss_chunked(h_s, h_t, W, tokens, mask, step=step, chunk_size=5, **kw("reopold")), h_s)
 
 
-@pytest.mark.parametrize("beta", [0.0, 0.5, 0.9, 1.0])
+@pytest.mark.parametrize("loss, beta", [("gkd", 0.0), ("gkd", 0.5), ("gkd", 0.9), ("gkd", 1.0),
+                                        ("todi", 0.5), ("todi", 1.0), ("todi", 3.0)])
 @pytest.mark.parametrize("clip", [0.05, None])
-def test_gkd(beta, clip):
+def test_baselines_beyond_the_paper(loss, beta, clip):
     h_s, h_t, W, tokens, mask = setup(6)
-    p = kw("gkd", beta=beta, clip=clip)
-    check(lambda: L.gkd_loss(h_s @ W.T, h_t @ W.T, mask, **p),
-          lambda: C.gkd_loss_chunked(h_s, h_t, W, mask, chunk_size=4, **p), h_s)
-
-
-@pytest.mark.parametrize("beta", [0.5, 1.0, 3.0])
-@pytest.mark.parametrize("clip", [0.05, None])
-def test_todi(beta, clip):
-    h_s, h_t, W, tokens, mask = setup(7)
-    p = kw("todi", beta=beta, clip=clip)
-    check(lambda: L.todi_loss(h_s @ W.T, h_t @ W.T, mask, **p),
-          lambda: C.todi_loss_chunked(h_s, h_t, W, mask, chunk_size=3, **p), h_s)
+    p = kw(loss, beta=beta, clip=clip)
+    check(lambda: getattr(L, f"{loss}_loss")(h_s @ W.T, h_t @ W.T, mask, **p),
+          lambda: getattr(C, f"{loss}_loss_chunked")(h_s, h_t, W, mask, chunk_size=3, **p), h_s)
 
 
 def test_every_registered_loss_has_a_schema_branch_and_a_reference_form():

@@ -69,6 +69,12 @@ def clipped_forward_kl_terms(student_logits: torch.Tensor, teacher_logits: torch
     log_ps = F.log_softmax(s / temperature, dim=-1)
     log_pt = F.log_softmax(t / temperature, dim=-1)
     terms = F.kl_div(log_ps, log_pt, reduction="none", log_target=True)  # p_T (log p_T - log p_S)
+    return _clipped_sum(terms, clip)
+
+
+def _clipped_sum(terms: torch.Tensor, clip: float | None) -> torch.Tensor:
+    """Per-vocabulary divergence terms clamped from above at ``clip`` (the reference's per-vocab
+    clip), summed over the vocabulary."""
     if clip is not None:
         terms = terms.clamp(max=clip)
     return terms.sum(dim=-1)
@@ -150,9 +156,7 @@ def generalized_jsd_terms(student_logits, teacher_logits, *, beta: float, temper
         log_m = torch.logsumexp(torch.stack([log_ps + math.log1p(-beta), log_pt + math.log(beta)]), dim=0)
         terms = (beta * F.kl_div(log_m, log_pt, reduction="none", log_target=True)
                  + (1 - beta) * F.kl_div(log_m, log_ps, reduction="none", log_target=True))
-    if clip is not None:
-        terms = terms.clamp(max=clip)
-    return terms.sum(dim=-1)
+    return _clipped_sum(terms, clip)
 
 
 def gkd_loss(student_logits, teacher_logits, mask, *, temperature: float, clip: float | None, beta: float) -> torch.Tensor:
@@ -169,9 +173,7 @@ def todi_terms(student_logits, teacher_logits, *, beta: float, temperature: floa
     alpha = torch.sigmoid(beta * (log_pt - log_ps)).detach()
     terms = (alpha * F.kl_div(log_ps, log_pt, reduction="none", log_target=True)
              + (1 - alpha) * F.kl_div(log_pt, log_ps, reduction="none", log_target=True))
-    if clip is not None:
-        terms = terms.clamp(max=clip)
-    return terms.sum(dim=-1)
+    return _clipped_sum(terms, clip)
 
 
 def todi_loss(student_logits, teacher_logits, mask, *, temperature: float, clip: float | None, beta: float) -> torch.Tensor:
