@@ -158,3 +158,36 @@ def test_a_killed_and_resumed_training_run_tracks_exactly_its_train_log(tmp_path
         # step 3, redone after the resume, keeps its first attempt's values: the same numbers but the timings
         same = {k for k in expected if step != 3 or k not in clock}
         assert {k: values[k] for k in same} == pytest.approx({k: expected[k] for k in same}, rel=1e-12), step
+
+
+def test_a_tracker_that_cannot_finish_does_not_hold_the_job(tmp_path, caplog):
+    """A run whose finish blocks (an upload that never ends): close returns after timeout_s with
+    one warning."""
+    import threading
+
+    from pwopsd import tracking
+
+    caplog.set_level(logging.WARNING)
+    release = threading.Event()
+
+    class Stuck:
+        def __init__(self, settings, run):
+            pass
+
+        def log(self, metrics, step):
+            pass
+
+        def close(self):
+            release.wait(60)
+
+    tracking._BACKEND_RUNS["stuck"] = Stuck
+    try:
+        tracker = Tracker(settings(tmp_path, "stuck", timeout_s=1), TrackedRun("m/opsd", "k", "m", "train"))
+        assert tracker.log({"loss": 1.0}, 1)
+        start = time.monotonic()
+        tracker.close()
+        assert time.monotonic() - start < 10
+    finally:
+        release.set()
+        del tracking._BACKEND_RUNS["stuck"]
+    _one_warning(caplog, ["stuck", "did not finish within 1 s"])

@@ -193,6 +193,27 @@ class _MlflowRun:
 _BACKEND_RUNS = {"wandb": _WandbRun, "mlflow": _MlflowRun}
 
 
+def _within(call, seconds: float) -> None:
+    """Run ``call`` in a daemon thread; raise its error, or TimeoutError after ``seconds``."""
+    import threading
+
+    failure: list[BaseException] = []
+
+    def target():
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            failure.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True, name="pwopsd-tracker-close")
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"the tracker did not finish within {seconds:g} s (tracking.timeout_s)")
+    if failure:
+        raise failure[0]
+
+
 class Tracker:
     """One tracked run of a job, or nothing (``tracking.backend: none``). Never raises: the first
     failure of the library logs one warning and turns tracking off for this job."""
@@ -238,8 +259,10 @@ class Tracker:
         return self._open is not None
 
     def close(self) -> None:
+        """Finish the tracked run, waiting at most ``timeout_s`` (a tracker that cannot reach its
+        server may wait for ever to upload): the job's own outputs never wait on it."""
         if self._open is not None:
-            self._guard("close", self._open.close)
+            self._guard("close", lambda: _within(self._open.close, float(self.settings.get("timeout_s", 30))))
             self._open = None
 
     def __enter__(self) -> "Tracker":
