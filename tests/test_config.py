@@ -299,15 +299,16 @@ def test_every_key_given_on_the_command_line_gets_its_schema_type(name):
     """Each leaf of a shipped config (defaults filled), typed back from its command-line string,
     is the config's own value: integers, numbers, booleans, null, lists and strings, under
     models.<name>, the sources' kinds and each method's loss branch."""
-    from pwopsd.config import merge_configs, typed_overrides
+    from pwopsd.config import load_schema, merge_configs, typed_overrides
 
+    schema = load_schema()
     cfg = load_config(REPO / name)
     leaves = [(p, v) for p, v in _leaves(cfg) if p]
     kinds = {type(v).__name__ for _, v in leaves} | {type(x).__name__ for _, v in leaves if isinstance(v, list) for x in v}
     assert {"int", "float", "bool", "str", "list", "NoneType"} <= kinds, kinds
     for path, value in leaves:
         given = _nest(path, _command_line(value))
-        typed = typed_overrides(merge_configs(cfg, given), given)
+        typed = typed_overrides(merge_configs(cfg, given), given, schema)
         assert typed == _nest(path, value), (path, value, typed)
 
 

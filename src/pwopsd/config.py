@@ -404,13 +404,22 @@ def _readings(text: str) -> list[Any]:
     return [v for v in out if not isinstance(v, str)]
 
 
-def _typed_leaf(text: str, schemas: list[dict], root: dict) -> Any:
+_VALIDATORS: dict[tuple[int, int], tuple[dict, dict, Any]] = {}
+
+
+def _validator(schema: dict, root: dict):
+    """A validator of ``schema`` (a part of ``root``, whose ``$defs`` it may refer to), built once."""
     from jsonschema import Draft202012Validator
 
-    defs = {"$defs": root.get("$defs", {})}
+    key = (id(schema), id(root))
+    if key not in _VALIDATORS:  # the schemas are kept with it, so that their ids stay theirs
+        _VALIDATORS[key] = (schema, root, Draft202012Validator({"$defs": root.get("$defs", {}), **schema}))
+    return _VALIDATORS[key][2]
 
+
+def _typed_leaf(text: str, schemas: list[dict], root: dict) -> Any:
     def valid(value):
-        return all(Draft202012Validator({**defs, **s}).is_valid(value) for s in schemas)
+        return all(_validator(s, root).is_valid(value) for s in schemas)
 
     if not schemas:
         return text
