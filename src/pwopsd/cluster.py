@@ -53,10 +53,10 @@ def planning_flag(argv: list[str]) -> str | None:
     that ``-np`` counts) with which no job runs, or None: then the run may submit. The Snakefile is
     read before Snakemake knows its executor, so the command line is what tells; anything it
     cannot read counts as a run that submits."""
-    from snakemake.cli import get_argument_parser
-
     import contextlib
     import io
+
+    from snakemake.cli import get_argument_parser
 
     parser = get_argument_parser()
     try:

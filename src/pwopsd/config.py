@@ -51,15 +51,29 @@ def _message(error) -> str:
     return f"{_key(path)}: {error.message}"
 
 
+def _ref_target(ref: str, root: dict) -> dict:
+    """The part of the schema ``root`` a local ``$ref`` (``#/$defs/model``) points at."""
+    assert ref.startswith("#/"), ref
+    target = root
+    for part in ref[2:].split("/"):
+        target = target[part]
+    return target
+
+
+def _branch_applies(sub: dict, instance: Any) -> bool:
+    """Whether an ``allOf`` member ``{if: {properties: {<key>: {const: <value>}}}, then: ...}``
+    (source kind, loss) applies to ``instance``."""
+    cond = sub.get("if")
+    if cond is None or not isinstance(instance, dict):
+        return False
+    consts = {k: v["const"] for k, v in cond.get("properties", {}).items() if isinstance(v, dict) and "const" in v}
+    return bool(consts) and all(instance.get(k) == v for k, v in consts.items())
+
+
 def _fill_defaults(instance: Any, schema: dict, root: dict) -> None:
     """Insert ``default`` values of the schema into ``instance`` (in place), recursively."""
     if "$ref" in schema:
-        ref = schema["$ref"]
-        assert ref.startswith("#/"), ref
-        target = root
-        for part in ref[2:].split("/"):
-            target = target[part]
-        _fill_defaults(instance, target, root)
+        _fill_defaults(instance, _ref_target(schema["$ref"], root), root)
     if not isinstance(instance, dict):
         return
     for name, sub in schema.get("properties", {}).items():
@@ -78,11 +92,8 @@ def _fill_defaults(instance: Any, schema: dict, root: dict) -> None:
     # branch's defaults, after the plain properties so that a branch finds their defaults in place
     # (a method given without `params` gets its loss's parameter defaults).
     for sub in schema.get("allOf", []):
-        cond = sub.get("if")
-        if cond is not None:
-            consts = {k: v["const"] for k, v in cond.get("properties", {}).items() if isinstance(v, dict) and "const" in v}
-            if consts and all(instance.get(k) == v for k, v in consts.items()):
-                _fill_defaults(instance, sub.get("then", {}), root)
+        if _branch_applies(sub, instance):
+            _fill_defaults(instance, sub.get("then", {}), root)
 
 
 def _semantic_problems(cfg: dict) -> list[str]:
@@ -340,10 +351,7 @@ def _json_type(value: Any) -> str:
 
 def _resolve(schema: dict, root: dict) -> dict:
     while "$ref" in schema:
-        target = root
-        for part in schema["$ref"][2:].split("/"):
-            target = target[part]
-        schema = {**{k: v for k, v in schema.items() if k != "$ref"}, **target}
+        schema = {**{k: v for k, v in schema.items() if k != "$ref"}, **_ref_target(schema["$ref"], root)}
     return schema
 
 
@@ -357,9 +365,7 @@ def _applicable(schema: dict, root: dict, instance: Any) -> list[dict]:
         for sub in node.get("allOf", []):
             if "if" not in sub:
                 todo.append(sub)
-                continue
-            consts = {k: v.get("const") for k, v in sub["if"].get("properties", {}).items() if isinstance(v, dict)}
-            if isinstance(instance, dict) and all(instance.get(k) == v for k, v in consts.items()):
+            elif _branch_applies(sub, instance):
                 todo.append(sub.get("then", {}))
     return out
 
@@ -457,15 +463,21 @@ def typed_overrides(config: dict, overrides: dict, schema: dict | None = None) -
     return _typed(dict(overrides), [schema], config, schema)
 
 
-def override_lines(overrides: dict, prefix: str = "") -> list[str]:
-    """``key.path = value`` for each leaf of (typed) ``--config`` overrides, for the run's log."""
-    lines = []
-    for key, value in overrides.items():
-        if isinstance(value, dict) and value:
-            lines += override_lines(value, f"{prefix}{key}.")
+def flat_items(mapping, sep: str = ".", prefix: str = ""):
+    """``(key path, value)`` of each leaf of nested mappings (an empty mapping is a leaf), the path
+    joined with ``sep``."""
+    from collections.abc import Mapping
+
+    for key, value in mapping.items():
+        if isinstance(value, Mapping) and value:
+            yield from flat_items(value, sep, f"{prefix}{key}{sep}")
         else:
-            lines.append(f"{prefix}{key} = {value!r}")
-    return lines
+            yield f"{prefix}{key}", value
+
+
+def override_lines(overrides: dict) -> list[str]:
+    """``key.path = value`` for each leaf of (typed) ``--config`` overrides, for the run's log."""
+    return [f"{key} = {value!r}" for key, value in flat_items(overrides)]
 
 
 # ----------------------------------------------------------------------------------------------

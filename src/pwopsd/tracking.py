@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from pwopsd.config import flat_items
 from pwopsd.io import read_json, write_json
 
 log = logging.getLogger(__name__)
@@ -64,23 +65,13 @@ def training_run_name(model: str, run: str) -> str:
 
 def scalar_metrics(values: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     """The finite numbers of ``values`` (nested mappings flattened with ``/``), as floats."""
-    out = {}
-    for key, value in values.items():
-        if isinstance(value, Mapping):
-            out.update(scalar_metrics(value, f"{prefix}{key}/"))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            out[f"{prefix}{key}"] = float(value)
-    return out
+    return {key: float(value) for key, value in flat_items(values, "/", prefix)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)}
 
 
-def flat_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    out = {}
-    for key, value in config.items():
-        if isinstance(value, Mapping) and value:
-            out.update(flat_params(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = json.dumps(value, default=str) if not isinstance(value, str) else value
-    return out
+def flat_params(config: Mapping[str, Any]) -> dict[str, str]:
+    """A run's config as MLflow parameters: ``section.key`` -> the value (JSON unless a string)."""
+    return {key: value if isinstance(value, str) else json.dumps(value, default=str) for key, value in flat_items(config)}
 
 
 def evaluation_run(model: str, checkpoint: str, summaries: list[dict], grading: dict) -> tuple[TrackedRun, dict]:

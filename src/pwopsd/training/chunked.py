@@ -74,9 +74,11 @@ def chunked_weighted_sum(h_s, h_t, weight, tokens, coeff, token_loss: TokenLoss,
 # Per-token terms (the same formulas as pwopsd.training.losses, on [n, V] logits).
 
 
-def _fkl_term(temperature: float, clip: float | None, upcast: bool = True) -> TokenLoss:
+def _vocab_term(terms: Callable[..., torch.Tensor], **settings) -> TokenLoss:
+    """A full-vocabulary per-token divergence of the reference forms (``terms(zs, zt, **settings)``:
+    OPSD's clipped forward KL, GKD's generalized JSD, ToDi's mix) as a token loss."""
     def term(zs, zt, y):
-        return L.clipped_forward_kl_terms(zs, zt, temperature=temperature, clip=clip, upcast=upcast)
+        return terms(zs, zt, **settings)
 
     return term
 
@@ -85,20 +87,6 @@ def _eopd_term(temperature: float, entropy_threshold: float, top_k: int, ppo_eps
     def term(zs, zt, y):
         return L.eopd_token_loss(zs, zt, y, temperature=temperature, entropy_threshold=entropy_threshold,
                                  top_k=top_k, ppo_eps=ppo_eps)
-
-    return term
-
-
-def _gkd_term(temperature: float, clip: float | None, beta: float) -> TokenLoss:
-    def term(zs, zt, y):
-        return L.generalized_jsd_terms(zs, zt, beta=beta, temperature=temperature, clip=clip)
-
-    return term
-
-
-def _todi_term(temperature: float, clip: float | None, beta: float) -> TokenLoss:
-    def term(zs, zt, y):
-        return L.todi_terms(zs, zt, beta=beta, temperature=temperature, clip=clip)
 
     return term
 
@@ -127,21 +115,25 @@ def token_mean_chunked(h_s, h_t, weight, mask, term: TokenLoss, *, chunk_size):
 
 
 def opsd_loss_chunked(h_s, h_t, weight, mask, *, temperature, clip, upcast=True, chunk_size):
-    return token_mean_chunked(h_s, h_t, weight, mask, _fkl_term(temperature, clip, upcast), chunk_size=chunk_size)
+    return token_mean_chunked(h_s, h_t, weight, mask, _vocab_term(L.clipped_forward_kl_terms, temperature=temperature,
+                                                                  clip=clip, upcast=upcast), chunk_size=chunk_size)
 
 
 def gkd_loss_chunked(h_s, h_t, weight, mask, *, temperature, clip, beta, chunk_size):
-    return token_mean_chunked(h_s, h_t, weight, mask, _gkd_term(temperature, clip, beta), chunk_size=chunk_size)
+    return token_mean_chunked(h_s, h_t, weight, mask, _vocab_term(L.generalized_jsd_terms, temperature=temperature,
+                                                                  clip=clip, beta=beta), chunk_size=chunk_size)
 
 
 def todi_loss_chunked(h_s, h_t, weight, mask, *, temperature, clip, beta, chunk_size):
-    return token_mean_chunked(h_s, h_t, weight, mask, _todi_term(temperature, clip, beta), chunk_size=chunk_size)
+    return token_mean_chunked(h_s, h_t, weight, mask, _vocab_term(L.todi_terms, temperature=temperature, clip=clip,
+                                                                  beta=beta), chunk_size=chunk_size)
 
 
 def pwopsd_loss_chunked(h_s, h_t, weight, mask, *, temperature, clip, w_min, tau, s, reduction, chunk_size):
     coeff = L.pwopsd_coefficients(mask, w_min=w_min, tau=tau, s=s, reduction=reduction)
     flat = flatten_valid(h_s, h_t, torch.zeros_like(mask, dtype=torch.long), mask)
-    return chunked_weighted_sum(flat.h_s, flat.h_t, weight, flat.tokens, coeff[flat.index], _fkl_term(temperature, clip),
+    return chunked_weighted_sum(flat.h_s, flat.h_t, weight, flat.tokens, coeff[flat.index],
+                                _vocab_term(L.clipped_forward_kl_terms, temperature=temperature, clip=clip),
                                 chunk_size=chunk_size)
 
 

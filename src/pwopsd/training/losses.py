@@ -160,8 +160,8 @@ def generalized_jsd_terms(student_logits, teacher_logits, *, beta: float, temper
 
 
 def gkd_loss(student_logits, teacher_logits, mask, *, temperature: float, clip: float | None, beta: float) -> torch.Tensor:
-    per_token = generalized_jsd_terms(student_logits, teacher_logits, beta=beta, temperature=temperature, clip=clip)
-    return _token_mean(per_token, mask, student_logits)
+    return _token_mean(generalized_jsd_terms(student_logits, teacher_logits, beta=beta, temperature=temperature, clip=clip),
+                       mask, student_logits)
 
 
 def todi_terms(student_logits, teacher_logits, *, beta: float, temperature: float, clip: float | None) -> torch.Tensor:
@@ -177,8 +177,8 @@ def todi_terms(student_logits, teacher_logits, *, beta: float, temperature: floa
 
 
 def todi_loss(student_logits, teacher_logits, mask, *, temperature: float, clip: float | None, beta: float) -> torch.Tensor:
-    per_token = todi_terms(student_logits, teacher_logits, beta=beta, temperature=temperature, clip=clip)
-    return _token_mean(per_token, mask, student_logits)
+    return _token_mean(todi_terms(student_logits, teacher_logits, beta=beta, temperature=temperature, clip=clip),
+                       mask, student_logits)
 
 
 def _gather(logp: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
