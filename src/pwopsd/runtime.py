@@ -116,10 +116,18 @@ def versions() -> dict[str, str]:
     return out
 
 
+def cpu_capability() -> str | None:
+    """The CPU kernel path torch dispatches to (``DEFAULT``, ``AVX2``, ``AVX512``; set by
+    ``ATEN_CPU_CAPABILITY`` or picked for the host): float results follow it, so results record it.
+    ``None`` in a process that has not imported torch (it computed nothing with it)."""
+    torch = sys.modules.get("torch")
+    return None if torch is None else torch.backends.cpu.get_cpu_capability()
+
+
 def provenance(manifest: dict | None = None, **extra) -> dict:
     """The provenance block of a result file: package versions, the model id and revision, plus
     whatever settings produced it (``extra``)."""
-    out = {"versions": versions(), **extra}
+    out = {"versions": versions(), "cpu_capability": cpu_capability(), **extra}
     if manifest is not None:
         out.update(model_path=manifest.get("path"), hf_id=manifest.get("hf_id"), revision=manifest.get("revision"))
     return out

@@ -1,4 +1,4 @@
-"""The ``build_tiny_model`` rule's logic: tokenizer -> model -> pretraining -> dev check -> save."""
+"""The ``build_tiny_model`` rule's logic: tokenizer -> model -> pretraining until the dev check passes -> save."""
 
 from __future__ import annotations
 
@@ -7,13 +7,12 @@ import time
 from pathlib import Path
 
 from pwopsd.io import atomic_path, write_json
-from pwopsd.runtime import versions
+from pwopsd.runtime import cpu_capability, versions
 from pwopsd.tiny.model import (
     TinyBuildConfig,
     TinyModelCheckError,
     build_model,
-    check_dev_accuracy,
-    dev_accuracy,
+    not_ready_message,
     pretrain,
     tiny_tokenizer,
 )
@@ -28,26 +27,26 @@ def build_tiny_model(*, name: str, settings: dict, model_dir: str, manifest_path
     model = build_model(cfg, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("tiny model %s: %d parameters, vocabulary %d", name, n_params, len(tokenizer))
-    losses = pretrain(model, tokenizer, cfg)
-    t_train = time.time() - t0
-    acc = dev_accuracy(model, tokenizer, cfg)
+    result = pretrain(model, tokenizer, cfg)
     t_total = time.time() - t0
+    losses = result.losses
     report = {
         "model": name,
         "parameters": n_params,
         "vocab_size": len(tokenizer),
         "settings": cfg.__dict__,
+        "pretraining_steps": result.steps,
         "final_loss": sum(losses[-20:]) / min(20, len(losses)),
-        "dev_accuracy": acc,
-        "teacher_gap": acc["teacher"]["mean"] - acc["student"]["mean"],
-        "seconds_pretrain": round(t_train, 1),
+        "dev_checks": result.checks,
+        "dev_accuracy": result.dev_accuracy,
+        "teacher_gap": result.dev_accuracy["teacher"]["mean"] - result.dev_accuracy["student"]["mean"] if result.dev_accuracy else None,
         "seconds_total": round(t_total, 1),
         "versions": versions(),
+        "cpu_capability": cpu_capability(),
     }
-    log.info("dev accuracy %s", acc)
-    problems = check_dev_accuracy(acc, cfg)
-    if problems:
-        raise TinyModelCheckError("tiny model failed its build check:\n  - " + "\n  - ".join(problems))
+    if result.dev_accuracy is None:
+        raise TinyModelCheckError("tiny model failed its build check:\n  - " + not_ready_message(result, cfg))
+    log.info("ready after %d steps: dev accuracy %s", result.steps, result.dev_accuracy)
     with atomic_path(model_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
