@@ -156,6 +156,8 @@ def test_checkpoints_are_keyed_by_everything_that_determines_the_run(base, tmp_p
     keys["corpus content"] = checkpoint_dir(root, args)
     corpus.to_parquet(tmp_path / "corpus.parquet")
     assert checkpoint_dir(root, args) == first
+    # Where a run stops is no part of its key: a run that stops later resumes these checkpoints.
+    assert checkpoint_dir(root, {**args, "train": {**args["train"], "stop_at": 1}}) == first
     weights = tmp_path / "model" / "model.safetensors"
     original = weights.read_bytes()
     weights.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))  # a rebuilt base model

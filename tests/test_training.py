@@ -36,9 +36,10 @@ def _check(texts, answers):
     return [str(integer_answer(t)) == a for t, a in zip(texts, answers)]
 
 
-def _trainer(model_factory, tok, work_dir, method="pwopsd", steps=4):
+def _trainer(model_factory, tok, work_dir, method="pwopsd", steps=4, stop_at=None):
     cfg = paper_train_config(method, lora_r=4, lora_alpha=8, lr=1e-3, max_steps=steps, save_every=2, per_device_batch_size=4,
-                      gradient_accumulation_steps=2, max_completion_length=12, chunk_size=16, seed=7)
+                      gradient_accumulation_steps=2, max_completion_length=12, chunk_size=16, seed=7,
+                      stop_at=stop_at or steps)
     return Trainer(model_factory(), tok, _examples(), cfg, work_dir, add_special_tokens=False, answer_check=_check)
 
 
@@ -85,6 +86,26 @@ def test_killed_run_resumes_to_the_same_adapter(tmp_path, model_factory, tiny_to
         assert torch.equal(a[k], b[k]), k
     steps = [json.loads(x)["step"] for x in (tmp_path / "killed" / "train_log.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]  # the redone step 3 is logged once
+
+
+def test_a_run_stopped_early_is_the_full_runs_beginning_and_resumes_when_it_goes_on(tmp_path, model_factory, tiny_tokenizer):
+    """training.stop_at: the steps done are those of the max_steps run (the schedule still spans
+    max_steps), the stop step is saved, and raising stop_at continues from it to the same adapter."""
+    full = _trainer(model_factory, tiny_tokenizer, tmp_path / "full", steps=4)
+    full_history = full.train()
+    early = _trainer(model_factory, tiny_tokenizer, tmp_path / "early", steps=4, stop_at=3)
+    history = early.train()
+    assert [h["step"] for h in history] == [1, 2, 3] and early.step == 3
+    assert history[-1]["lr"] == pytest.approx(1e-3 * (1 - 3 / 4))  # not decayed to 0 at the stop
+    assert [h["loss"] for h in history] == [h["loss"] for h in full_history[:3]]
+    assert sorted(p.name for p in (tmp_path / "early").glob("step-*")) == ["step-000002", "step-000003"]
+    resumed = _trainer(model_factory, tiny_tokenizer, tmp_path / "early", steps=4)
+    resumed.train()
+    assert resumed.step == 4
+    a = {k: v for k, v in full.model.named_parameters() if v.requires_grad}
+    b = {k: v for k, v in resumed.model.named_parameters() if v.requires_grad}
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
 
 
 def test_merged_adapter_reproduces_the_trained_model(tmp_path, model_factory, tiny_tokenizer):

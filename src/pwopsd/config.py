@@ -140,6 +140,9 @@ def _semantic_problems(cfg: dict) -> list[str]:
                 problems.append(f"training.models.{i}: {model!r} is not a configured model")
         if tr["eval_step"] > tr["max_steps"]:
             problems.append(f"training.eval_step: {tr['eval_step']} is beyond training.max_steps={tr['max_steps']}")
+        if tr["stop_at"] is not None and not tr["eval_step"] <= tr["stop_at"] <= tr["max_steps"]:
+            problems.append(f"training.stop_at: {tr['stop_at']} must lie between training.eval_step={tr['eval_step']} "
+                            f"and training.max_steps={tr['max_steps']}")
         if tr["eval_step"] % tr["save_every"]:
             problems.append(f"training.eval_step: {tr['eval_step']} is not a multiple of training.save_every={tr['save_every']}")
         for name in trained_models(cfg):
@@ -638,6 +641,7 @@ def training_config(cfg: dict, model: str, run: str) -> dict:
         "lora_targets": list(entry["train"].get("lora_targets") or tr["lora"]["targets"]),
         "lr": tr["lr"],
         "max_steps": tr["max_steps"],
+        "stop_at": tr["stop_at"] or tr["max_steps"],
         "save_every": tr["save_every"],
         "grad_clip": tr["grad_clip"],
         "per_device_batch_size": entry["train"]["per_device_batch_size"],

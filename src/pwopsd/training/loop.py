@@ -14,8 +14,10 @@ Each optimizer step:
    (:mod:`pwopsd.training.chunked`);
 4. clips the gradient norm and steps AdamW with a linear decay to 0 over ``max_steps``.
 
-Every ``save_every`` steps the adapter, optimizer, scheduler, step and RNG states are written
-atomically to ``<work_dir>/step-XXXXXX``; a restarted run resumes from the latest one.
+Training stops after ``stop_at`` steps (``max_steps`` unless the config stops earlier: the steps it
+does are those of the full run). Every ``save_every`` steps, and at the last step, the adapter,
+optimizer, scheduler, step and RNG states are written atomically to ``<work_dir>/step-XXXXXX``; a
+restarted run resumes from the latest one.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ class TrainConfig:
     lora_dropout: float  # paper says 0.05; the reference's GOLDConfig zeroes it (effective 0)
     lora_targets: list[str]
     lr: float
-    max_steps: int
+    max_steps: int  # the schedule's length: the learning rate decays linearly to 0 over it
+    stop_at: int  # training stops after this step (<= max_steps; not part of the run key)
     save_every: int
     grad_clip: float
     per_device_batch_size: int
@@ -74,6 +77,11 @@ class TrainConfig:
     rollout_backend: str  # hf (the live model) | vllm (a colocated engine synced every step)
     rollout_engine: dict  # the vLLM rollout engine's settings ({} for hf)
     rollout_policy: str  # adapter (base + current LoRA, exactly on-policy) | merged_bf16 (the reference's)
+
+    @property
+    def last_step(self) -> int:
+        """The step training stops after."""
+        return min(self.stop_at, self.max_steps)
 
     @property
     def rank_batch(self) -> int:
@@ -162,6 +170,22 @@ def token_stats(h_s, h_t, weight, mask, temperature: float, chunk_size: int) -> 
     return {"kl": kl / n, "student_entropy": hs_ent / n, "teacher_entropy": ht_ent / n}
 
 
+class PromptIds(Sequence):
+    """The token ids of every example's rendered prompt, rendered when first asked for: a run sees
+    ``effective_batch x max_steps`` examples, often a fraction of the corpus."""
+
+    def __init__(self, render, examples: Sequence[Example]):
+        self._render, self._examples, self._ids = render, examples, {}
+
+    def __len__(self) -> int:
+        return len(self._examples)
+
+    def __getitem__(self, i: int) -> list[int]:
+        if i not in self._ids:
+            self._ids[i] = self._render(self._examples[i])
+        return self._ids[i]
+
+
 def _rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
 
@@ -214,12 +238,12 @@ class Trainer:
         self.rank, self.world = dist_info()
         world_batch = cfg.rank_batch * self.world
         self.order = data_order(len(examples), cfg.seed, epochs=1 + cfg.max_steps * world_batch // max(1, len(examples)))
-        self.student_ids = [prompts.prompt_ids(tokenizer, prompts.student_message(e.problem), prompts.STUDENT,
-                                               think_closure=think_closure, add_special_tokens=add_special_tokens)
-                            for e in examples]
-        self.teacher_ids = [prompts.prompt_ids(tokenizer, prompts.teacher_message(e.problem, e.solution), prompts.TEACHER,
-                                               add_special_tokens=add_special_tokens)
-                            for e in examples]
+        self.student_ids = PromptIds(lambda e: prompts.prompt_ids(
+            tokenizer, prompts.student_message(e.problem), prompts.STUDENT, think_closure=think_closure,
+            add_special_tokens=add_special_tokens), examples)
+        self.teacher_ids = PromptIds(lambda e: prompts.prompt_ids(
+            tokenizer, prompts.teacher_message(e.problem, e.solution), prompts.TEACHER,
+            add_special_tokens=add_special_tokens), examples)
         self.device = next(self.model.parameters()).device
         # The rollout engine (pwopsd.generation.rollout): by default the live model; the train job
         # passes a colocated vLLM one (training.rollout_backend: vllm, made by make_rollouts).
@@ -338,12 +362,12 @@ class Trainer:
         return stats
 
     def train(self, *, stop_after: int | None = None) -> list[dict]:
-        """Train to ``max_steps`` (resuming if possible); ``stop_after`` simulates a kill after that many steps."""
+        """Train to :attr:`TrainConfig.last_step` (resuming if possible); ``stop_after`` simulates a kill after that many steps."""
         self.resume()
         history_path = self.work_dir / "train_log.jsonl"
         done = 0
         history = []
-        while self.step < self.cfg.max_steps:
+        while self.step < self.cfg.last_step:
             stats = self.train_step()
             history.append(stats)
             if self.rank == 0:
@@ -353,7 +377,7 @@ class Trainer:
                     self.tracker.log({k: v for k, v in stats.items() if k != "step"}, self.step)
             log.info("step %d/%d loss %.5f kl %.4f len %.1f %.2fs", self.step, self.cfg.max_steps, stats["loss"],
                      stats["kl"], stats["rollout_length"], stats["seconds"])
-            if self.step % self.cfg.save_every == 0 or self.step == self.cfg.max_steps:
+            if self.step % self.cfg.save_every == 0 or self.step == self.cfg.last_step:
                 self.save()
             done += 1
             if stop_after is not None and done >= stop_after:
