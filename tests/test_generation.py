@@ -47,6 +47,32 @@ def test_sampler_matches_reference_distribution(temperature, top_p, top_k):
     np.testing.assert_allclose(freq, expected, atol=2e-4)
 
 
+def test_sampler_window_gives_the_tokens_of_a_full_sort():
+    """Rows whose top-k cut or nucleus lies within the sorted window, and rows whose nucleus does
+    not (flat distributions, a top-k beyond the window), sample the token a full sort gives, for
+    every uniform draw; and the window's rows follow the reference distribution."""
+    gen = torch.Generator().manual_seed(1)
+    vocab, n = 512, 4000
+    sharp = torch.randn(n, vocab, generator=gen) * 6  # nucleus of a few tokens
+    flat = torch.randn(n, vocab, generator=gen) * 0.3  # nucleus of hundreds
+    logits = torch.cat([sharp, flat])
+    rows = len(logits)
+    temperature = torch.rand(rows, generator=gen) * 1.2 + 0.3
+    top_p = torch.rand(rows, generator=gen) * 0.5 + 0.5
+    top_k = torch.tensor([0, 20, 100, vocab, vocab + 5, -1]).repeat(rows // 6 + 1)[:rows]
+    uniforms = torch.rand(rows, generator=gen)
+    windowed = filter_and_sample(logits, temperature, top_p, top_k, uniforms, window=64)
+    full = filter_and_sample(logits, temperature, top_p, top_k, uniforms, window=vocab)
+    assert torch.equal(windowed, full)
+    # one sharp row, sampled on a grid of uniforms, against the independent reference
+    row, grid = sharp[:1] * 0.8, torch.linspace(0, 1, 20001)[:-1] + 0.5 / 20000
+    f = lambda v, dt: torch.full((len(grid),), v, dtype=dt)  # noqa: E731
+    tokens = filter_and_sample(row.expand(len(grid), -1), f(1.0, torch.float32), f(0.9, torch.float32), f(0, torch.long), grid)
+    expected = _nucleus_probs(row[0].numpy(), 1.0, 0.9, 0)
+    assert 1 < (expected > 0).sum() < 64  # the nucleus lies within the window
+    np.testing.assert_allclose(np.bincount(tokens.numpy(), minlength=vocab) / len(grid), expected, atol=2e-4)
+
+
 def test_sampler_greedy_and_mixed_rows():
     logits = torch.tensor([[0.1, 3.0, 0.2], [5.0, 0.0, 4.9], [0.0, 0.0, 9.0]])
     t = torch.tensor([0.0, 0.0, 1.0])

@@ -20,12 +20,18 @@ from pwopsd.generation import FINISH_LENGTH, FINISH_STOP, Completion, Generation
 log = logging.getLogger(__name__)
 
 
+# The most likely tokens sorted per row before sampling: a row whose nucleus lies within them
+# (nearly every row of a trained model) needs no sort of the whole vocabulary.
+SAMPLING_WINDOW = 64
+
+
 def filter_and_sample(
     logits: torch.Tensor,
     temperature: torch.Tensor,
     top_p: torch.Tensor,
     top_k: torch.Tensor,
     uniforms: torch.Tensor,
+    window: int = SAMPLING_WINDOW,
 ) -> torch.Tensor:
     """Sample one token per row from ``logits`` ``[B, V]`` with per-row settings.
 
@@ -33,26 +39,53 @@ def filter_and_sample(
     the ``top_k`` most likely tokens (``top_k <= 0``: no cut), then to the smallest set whose
     probability reaches ``top_p`` (the most likely token is always kept), renormalized, and
     sampled by inverse CDF with the row's uniform draw ``uniforms[b]`` in ``[0, 1)``.
+
+    Only the ``window`` most likely tokens of a row are sorted when its top-k cut or its nucleus
+    lies within them; other rows sort their whole vocabulary. Both give the same token: a row's
+    probabilities are ``exp(logit - logsumexp)`` over its top-k set either way, and the tokens
+    beyond the nucleus never enter its CDF.
     """
     logits = logits.float()
+    rows, vocab = logits.shape
     greedy = temperature <= 0
     safe_t = torch.where(greedy, torch.ones_like(temperature), temperature)
-    sorted_logits, sorted_idx = torch.sort(logits / safe_t[:, None], dim=-1, descending=True)
-    vocab = logits.shape[-1]
-    ranks = torch.arange(vocab, device=logits.device)[None, :]
-    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
-    sorted_logits = sorted_logits.masked_fill(ranks >= k[:, None], float("-inf"))
-    probs = torch.softmax(sorted_logits, dim=-1)
+    scaled = logits / safe_t[:, None]
+    k = torch.where((top_k > 0) & (top_k < vocab), top_k, torch.full_like(top_k, vocab))
+    width = min(vocab, int(window))
+    lse_all = torch.logsumexp(scaled, dim=-1)  # the top-k set of a row without a cut: the whole vocabulary
+    vals, idx = torch.topk(scaled, width, dim=-1) if width < vocab else torch.sort(scaled, dim=-1, descending=True)
+    choice, mass = _nucleus_choice(vals, k, vocab, lse_all, top_p, uniforms)
+    # A row is done when its top-k set, or its nucleus, lies within the window.
+    done = (k <= width) | ((k == vocab) & (mass >= top_p))
+    tokens = idx.gather(-1, choice[:, None]).squeeze(-1)
+    if not bool(done.all()):
+        rest = (~done).nonzero().squeeze(-1)
+        full_vals, full_idx = torch.sort(scaled[rest], dim=-1, descending=True)
+        rest_choice, _ = _nucleus_choice(full_vals, k[rest], vocab, lse_all[rest], top_p[rest], uniforms[rest])
+        tokens[rest] = full_idx.gather(-1, rest_choice[:, None]).squeeze(-1)
+    return torch.where(greedy, logits.argmax(dim=-1), tokens)
+
+
+def _nucleus_choice(vals: torch.Tensor, k: torch.Tensor, vocab: int, lse_all: torch.Tensor, top_p: torch.Tensor,
+                    uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampled rank within ``vals`` (a row's most likely scaled logits, sorted descending) and
+    the probability mass ``vals`` hold, for rows with top-k cut ``k`` (the vocabulary size: none)."""
+    width = vals.shape[-1]
+    ranks = torch.arange(width, device=vals.device)[None, :]
+    cut = vals.masked_fill(ranks >= k[:, None], float("-inf"))
+    # log-normalizer over the row's top-k set: the whole vocabulary's for a row without a cut (the
+    # same number whichever of its tokens vals holds), else its top k, which vals then holds
+    lse = torch.where(k < vocab, torch.logsumexp(cut, dim=-1), lse_all)
+    probs = torch.exp(cut - lse[:, None])
     cum = probs.cumsum(dim=-1)
     # Drop a token when the mass strictly before it already reaches top_p.
     drop = (cum - probs) >= top_p[:, None]
     drop[:, 0] = False
-    probs = probs.masked_fill(drop, 0.0)
-    cdf = probs.cumsum(dim=-1)
+    kept = probs.masked_fill(drop, 0.0)
+    cdf = kept.cumsum(dim=-1)
     target = uniforms[:, None].to(cdf.dtype) * cdf[:, -1:]
-    choice = torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1)
-    sampled = sorted_idx.gather(-1, choice).squeeze(-1)
-    return torch.where(greedy, logits.argmax(dim=-1), sampled)
+    choice = torch.searchsorted(cdf, target, right=True).clamp_(max=width - 1)
+    return choice.squeeze(-1), cum[:, -1]
 
 
 class HFBackend:
@@ -131,11 +164,13 @@ class HFBackend:
         top_k = torch.tensor([req.top_k for req, _ in items], device=dev)
         max_new = [req.max_new_tokens for req, _ in items]
         stops = [set(self.eos_ids) | set(req.stop_ids) for req, _ in items]
-        gens = []
-        for req, j in items:
+        # Each sample's uniform draws, one per token, from its own generator: drawn all at once
+        # (the same numbers, in order, as one draw per step).
+        uniforms_all = torch.empty((b, max(max_new)), dtype=torch.float32)
+        for r, (req, j) in enumerate(items):
             g = torch.Generator(device="cpu")
             g.manual_seed(req.sample_seed(j, self.default_seed))
-            gens.append(g)
+            uniforms_all[r, : max_new[r]] = torch.rand(max_new[r], generator=g)
 
         generated: list[list[int]] = [[] for _ in range(b)]
         finish: list[str | None] = [None] * b
@@ -155,7 +190,7 @@ class HFBackend:
             cache = outputs.past_key_values
             logits = outputs.logits[:, -1, :]
             sel = torch.tensor(alive, device=dev)
-            uniforms = torch.tensor([torch.rand((), generator=gens[r]).item() for r in alive], device=dev)
+            uniforms = uniforms_all[sel.cpu(), step].to(dev)
             tokens = filter_and_sample(logits, temperature[sel], top_p[sel], top_k[sel], uniforms).tolist()
             step += 1
             keep = []
