@@ -1,6 +1,7 @@
 import importlib.util
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -38,16 +39,23 @@ def paper_train_config(loss: str, **overrides):
 def _package_index(request):
     """Tests marked ``network`` need the package index: skipped when it cannot be reached, except
     in CI (CI=true), where the index is reachable and a skip would hide a failure."""
-    if request.node.get_closest_marker("network") and not _index_reachable():
+    if request.node.get_closest_marker("network") and not index_reachable():
         if os.environ.get("CI"):
             pytest.fail("the package index is unreachable")
         pytest.skip("the package index is unreachable")
 
 
 _INDEX = {}
+_INDEX_LOCK = threading.Lock()
 
 
-def _index_reachable() -> bool:
+def index_reachable() -> bool:
+    """Whether the package index answers (asked once a session; background parts ask too)."""
+    with _INDEX_LOCK:
+        return _ask_index()
+
+
+def _ask_index() -> bool:
     if "ok" not in _INDEX:
         import subprocess
 
@@ -102,28 +110,107 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer, random_tiny_model) -> str:
     return str(path)
 
 
+import background  # noqa: E402  (tests/background.py: the suite's long parts)
+
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile")]
 
 
 def run_snakemake(args, cwd=REPO, env=None, check=True):
-    import subprocess
-
-    proc = subprocess.run(SNAKEMAKE + list(args), cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+    proc = background.run_child(SNAKEMAKE + list(args), cwd=cwd, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(map(str, args))} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc
 
 
-@pytest.fixture(scope="session")
-def tiny_run(tmp_path_factory):
-    """Run the tiny configuration end to end in a fresh working directory (shared by the
-    workflow and the Slurm tests)."""
-    import shutil
+# -- the suite's long parts (tests/background.py): started when collection ends, waited on here --
 
-    workdir = tmp_path_factory.mktemp("tiny")
-    shutil.copytree(REPO / "tiny" / "config", workdir / "config")
-    # With experiment tracking on (W&B offline, the reference's tracker; a command-line override,
-    # which reruns nothing later): test_workflow reads the tracked runs back.
-    proc = run_snakemake(["--cores", "2", "--directory", str(workdir), "--config", "tracking={backend: wandb, mode: offline}"])
-    return workdir, proc
+_TMP = {}  # the session's temporary-path factory, for parts that run outside any fixture
+_TMP_LOCK = threading.Lock()
+
+
+def tiny_workdir() -> Path:
+    """The tiny run's working directory (made once a session)."""
+    with _TMP_LOCK:
+        if "tiny" not in _TMP:
+            import shutil
+
+            _TMP["tiny"] = _TMP["config"]._tmp_path_factory.mktemp("tiny")
+            shutil.copytree(REPO / "tiny" / "config", _TMP["tiny"] / "config")
+        return _TMP["tiny"]
+
+
+@background.part("tiny run")
+def _tiny_run_part():
+    def run():
+        workdir = tiny_workdir()
+        # With experiment tracking on (W&B offline, the reference's tracker; a command-line override,
+        # which reruns nothing later): test_workflow reads the tracked runs back.
+        proc = run_snakemake(["--cores", "2", "--directory", str(workdir), "--config", "tracking={backend: wandb, mode: offline}"])
+        return workdir, proc
+
+    return run
+
+
+TINY_MODEL = Path("results/models/tiny_qwen3/base")
+
+
+@background.part("tiny model")
+def _tiny_model_part():
+    """The tiny run's built model, as soon as its build job is done (long before the run ends)."""
+
+    def wait():
+        import time
+
+        manifest = tiny_workdir() / TINY_MODEL.with_suffix(".json")  # written after the model folder
+        tiny = background.start("tiny run")
+        while not manifest.exists():
+            if tiny.done():
+                tiny.result()  # the run's failure, if it failed
+                raise AssertionError(f"the tiny run ended without {manifest}")
+            time.sleep(1)
+        return tiny_workdir() / TINY_MODEL
+
+    return wait
+
+
+@pytest.fixture(scope="session")
+def tiny_run():
+    """The tiny configuration run end to end in a fresh working directory (shared by the workflow,
+    Slurm and vLLM tests): ``(workdir, the Snakemake process)``."""
+    return background.result("tiny run")
+
+
+# Fixtures whose tests need a long part: such a test is ``heavy`` (the fast tier leaves it out), and
+# its part starts when collection ends.
+FIXTURE_PARTS = {"tiny_run": "tiny run", "vllm_python": "vLLM environment", "vllm_engine_tests": "vLLM engine tests",
+                 "vllm_stack_env": "vLLM-stack environment", "slurm_cluster": "Slurm cluster start"}
+
+
+def pytest_configure(config):
+    _TMP["config"] = config  # its temporary-path factory exists once every plugin is configured
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Before ``-m`` selects: mark the tests that need a long part, or the package index, ``heavy``."""
+    for item in items:
+        if set(item.fixturenames) & set(FIXTURE_PARTS) or item.get_closest_marker("network"):
+            item.add_marker(pytest.mark.heavy)
+
+
+def pytest_collection_finish(session):
+    """Start every long part that a selected test needs (downloads and CPU work then overlap)."""
+    needed = {FIXTURE_PARTS[f] for item in session.items for f in item.fixturenames if f in FIXTURE_PARTS}
+    for name in sorted(needed):
+        background.start(name)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    background.stop_children()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if background.report_lines_wanted():
+        terminalreporter.section("time by phase")
+        for line in background.report():
+            terminalreporter.write_line(line)

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
+import background
 from conftest import REPO, run_snakemake
 from pwopsd.cluster import MAX_RUNTIME_ENV
 from pwopsd.cost import parse_dry_run
@@ -156,25 +157,45 @@ def test_lint_passes():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@background.part("Slurm cluster start")
+def _slurm_cluster():
+    """A real single-node Slurm (tests/slurm/cluster.py; its Debian packages installed when
+    missing), started in the background from the session's start. Its folder is outside pytest's
+    private temporary folders: the munge, mysql and slurm users reach it."""
+
+    def start():
+        import tempfile
+
+        from slurm.cluster import SlurmCluster
+
+        root = tempfile.mkdtemp(prefix="pwopsd-slurm-")
+        cluster = SlurmCluster(root)
+        background.at_session_end(lambda: _stop(cluster))
+        cluster.start()
+        return cluster
+
+    return start
+
+
+def _stop(cluster):
+    if cluster.root.exists():
+        cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def slurm_cluster():
-    """A real single-node Slurm (tests/slurm/cluster.py), stopped after this module's tests. Its
-    folder is outside pytest's private temporary folders: the munge, mysql and slurm users reach it."""
-    import tempfile
+    """The test Slurm, stopped after this module's tests (or, should the session end first, at its end)."""
+    from slurm.cluster import SlurmUnavailable
 
-    from slurm.cluster import SlurmCluster, SlurmUnavailable
-
-    root = tempfile.mkdtemp(prefix="pwopsd-slurm-")
-    cluster = SlurmCluster(root)
     try:
-        cluster.start()
+        cluster = background.result("Slurm cluster start")
     except SlurmUnavailable as exc:
-        shutil.rmtree(root, ignore_errors=True)
         pytest.skip(f"no test cluster on this machine: {exc}")
     yield cluster
     cluster.stop()
     assert cluster.running() == []  # every daemon it started is gone
-    shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(cluster.root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ import sys
 
 import pytest
 
-from conftest import REPO
+import background
+from conftest import REPO, index_reachable
 from pwopsd.stacks import env_pins, load_stacks, uv_executable
 
 ENV = REPO / ".venv-vllm-stack"
@@ -43,9 +44,24 @@ def _build_env() -> None:
     (ENV / "stamp").write_text(stamp)
 
 
+@background.part("vLLM-stack environment")
+def _vllm_stack_environment():
+    def build():
+        if not index_reachable():
+            raise RuntimeError("the package index is unreachable: the vLLM-stack environment cannot be built")
+        _build_env()
+
+    return build
+
+
+@pytest.fixture(scope="module")
+def vllm_stack_env():
+    """The environment with the vLLM stack's library versions (started when the session starts)."""
+    return background.result("vLLM-stack environment")
+
+
 @pytest.mark.network
-def test_vllm_stack_code_passes_under_the_vllm_stack_versions():
-    _build_env()
+def test_vllm_stack_code_passes_under_the_vllm_stack_versions(vllm_stack_env):
     python = str(ENV / "bin" / "python")
     versions = subprocess.run([python, "-c", "import importlib.util as u, numpy, pandas, transformers; "
                                "print(transformers.__version__, numpy.__version__, pandas.__version__, "

@@ -36,6 +36,15 @@ def base(tiny_model_dir):
     return {"model": "tiny", "path": tiny_model_dir}
 
 
+@pytest.fixture(scope="module")
+def tokenizer(base):
+    """The model's own tokenizer, as the train job loads it (the tiny run's model was built with
+    its own, another than the session's ``tiny_tokenizer``)."""
+    from pwopsd.models import load_tokenizer
+
+    return load_tokenizer(base)
+
+
 def long_examples(k: int = 12) -> list[Example]:
     """Problems whose student prompts run past one prefix-cache block: a long preamble of worked
     sums, then the question."""
@@ -71,7 +80,7 @@ def greedy(trainer) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def whole_run(base, tiny_tokenizer, tmp_path_factory):
+def whole_run(base, tokenizer, tmp_path_factory):
     """One process trained to step 4 with vLLM's default layout inside the rank's engine process
     (engine core and worker in processes of their own, as on a GPU node), the sync checked at steps
     0 and 4: the engine's greedy rollouts equal the live model's, and training changed them, so a
@@ -80,10 +89,10 @@ def whole_run(base, tiny_tokenizer, tmp_path_factory):
 
     work = tmp_path_factory.mktemp("whole")
     since = time.time()
-    trainer = make_trainer(base, tiny_tokenizer, work, train_config(rollout_engine={**CPU_ENGINE, "in_process": False}))
+    trainer = make_trainer(base, tokenizer, work, train_config(rollout_engine={**CPU_ENGINE, "in_process": False}))
     outputs, same = {}, {}
     try:
-        live = HFRollouts(trainer.inner, tiny_tokenizer, batch_size=16)
+        live = HFRollouts(trainer.inner, tokenizer, batch_size=16)
         for step in (0, 4):
             if step:
                 history = trainer.train()
@@ -112,7 +121,7 @@ def test_the_rollout_engine_leaves_no_process_after_the_run(whole_run):
     assert not left, f"engine processes left after close(): {[(p.pid, p.name()) for p in left]}"
 
 
-def test_a_rollout_engine_that_dies_fails_the_run_and_a_rerun_resumes_to_the_same_adapter(whole_run, base, tiny_tokenizer,
+def test_a_rollout_engine_that_dies_fails_the_run_and_a_rerun_resumes_to_the_same_adapter(whole_run, base, tokenizer,
                                                                                          tmp_path):
     """The rank's engine process is killed (as the OOM killer would) before step 4's rollouts: the
     run fails naming the step and the checkpoint, step-000002 is intact, a new job resumes from it
@@ -120,7 +129,7 @@ def test_a_rollout_engine_that_dies_fails_the_run_and_a_rerun_resumes_to_the_sam
     from peft import get_peft_model_state_dict
 
     work = tmp_path / "killed"
-    trainer = make_trainer(base, tiny_tokenizer, work, train_config())
+    trainer = make_trainer(base, tokenizer, work, train_config())
     step = trainer.train_step
 
     def train_step():
@@ -139,7 +148,7 @@ def test_a_rollout_engine_that_dies_fails_the_run_and_a_rerun_resumes_to_the_sam
     line = str(info.value)
     assert "\n" not in line and "at step 3" in line and "died" in line and "resumes from step-000002" in line, line
     assert latest_checkpoint(work).name == "step-000002"
-    trainer = make_trainer(base, tiny_tokenizer, work, train_config())  # the rerun
+    trainer = make_trainer(base, tokenizer, work, train_config())  # the rerun
     try:
         trainer.train()
     finally:
@@ -202,15 +211,15 @@ def test_two_processes_with_vllm_rollouts_train_like_one(whole_run, base, tmp_pa
 
 
 @pytest.fixture(scope="module")
-def merged_run(base, tiny_tokenizer, tmp_path_factory):
+def merged_run(base, tokenizer, tmp_path_factory):
     """The reference's rollout policy (``merged_bf16``) on the vLLM engine: one process trained to
     step 4, the engine's greedy rollouts at steps 0 and 4 against ``hf`` on a model holding the same
     merged bf16 weights."""
     work = tmp_path_factory.mktemp("merged")
-    trainer = make_trainer(base, tiny_tokenizer, work, train_config(rollout_policy="merged_bf16"))
+    trainer = make_trainer(base, tokenizer, work, train_config(rollout_policy="merged_bf16"))
     outputs, same, syncs = {}, {}, []
     try:
-        reference = HFRollouts(trainer.inner, tiny_tokenizer, batch_size=16, policy="merged_bf16")
+        reference = HFRollouts(trainer.inner, tokenizer, batch_size=16, policy="merged_bf16")
         for step in (0, 4):
             if step:
                 syncs = [h["sync_seconds"] for h in trainer.train()]

@@ -1,0 +1,173 @@
+"""The full suite's long parts, started together when the session starts, and the time each took.
+
+Four parts of the suite are long and need little of one another: the tiny workflow run (CPU, both
+cores), the CPU vLLM environment and the vLLM-stack environment (downloads), the test Slurm's Debian
+packages (downloads), and the vLLM engine tests (CPU, in the CPU vLLM environment, on a random tiny
+model: they need neither the tiny run nor this process). One after another they left the cores idle
+while packages downloaded and the downloads idle while the tiny model trained. ``conftest.py``
+starts each part that a selected test needs when collection ends; the downloads then overlap the
+CPU work, and the CPU work overlaps the fast tests. A test that needs a part waits for it
+(:func:`result`): its failure, with the part's output, is that test's failure. Run alone, a test
+starts the part it needs itself.
+
+Each part is a :class:`Part` (a function run in a thread, after the parts it depends on); the
+terminal summary prints when each started and ended (:func:`report`), so that a change that costs
+time shows where.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Callable
+
+SESSION_START = time.time()
+_PARTS: dict[str, "Part"] = {}
+_LOCK = threading.Lock()
+_TIMES: dict[str, tuple[float, float]] = {}  # what the report lists: name -> (start, end), seconds
+
+
+class Part:
+    """One long part of the suite, run once in a thread of its own after its dependencies."""
+
+    def __init__(self, name: str, fn: Callable[[], object], after: tuple[str, ...] = ()):
+        self.name, self.fn, self.after = name, fn, after
+        self._done = threading.Event()
+        self._value: object = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"background: {name}", daemon=True)
+
+    def start(self) -> "Part":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            for dep in self.after:
+                result(dep)
+            with timed(self.name):
+                self._value = self.fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting test
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self):
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class timed:
+    """Records a phase's start and end for :func:`report` (a context manager)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self.start = time.time()
+        return self
+
+    def __exit__(self, *exc):
+        _TIMES[self.name] = (self.start - SESSION_START, time.time() - SESSION_START)
+
+
+PART_FUNCTIONS: dict[str, tuple[Callable[[], Callable[[], object]], tuple[str, ...]]] = {}
+
+
+def part(name: str, after: tuple[str, ...] = ()):
+    """Registers the function that makes part ``name`` (a factory, called when the part starts)."""
+
+    def register(factory):
+        PART_FUNCTIONS[name] = (factory, after)
+        return factory
+
+    return register
+
+
+def start(name: str) -> Part:
+    """Start part ``name`` (and the parts it runs after) unless it is running or done."""
+    with _LOCK:
+        if name in _PARTS:
+            return _PARTS[name]
+        factory, after = PART_FUNCTIONS[name]
+    for dep in after:
+        start(dep)
+    with _LOCK:
+        if name not in _PARTS:
+            _PARTS[name] = Part(name, factory(), after).start()
+        return _PARTS[name]
+
+
+def result(name: str):
+    """Wait for part ``name`` (started now if it was not) and return its value, or raise its error."""
+    return start(name).result()
+
+
+def report(total: float | None = None) -> list[str]:
+    """Lines of the phase report: installs (from ``PWOPSD_CI_START``, set by ``.ci/run``), each
+    timed part with its start and end, and the session."""
+    now = time.time() - SESSION_START if total is None else total
+    lines = []
+    ci_start = os.environ.get("PWOPSD_CI_START")
+    if ci_start:
+        lines.append(f"{'installs (before the session)':<34}{SESSION_START - float(ci_start):7.0f} s")
+    for name, (a, b) in sorted(_TIMES.items(), key=lambda kv: kv[1]):
+        lines.append(f"{name:<34}{b - a:7.0f} s   (from {a:4.0f} s to {b:4.0f} s)")
+    lines.append(f"{'session':<34}{now:7.0f} s")
+    if ci_start:
+        lines.append(f"{'in all (installs and session)':<34}{time.time() - float(ci_start):7.0f} s")
+    return lines
+
+
+_CHILDREN: set = set()
+
+
+def run_child(cmd, **kwargs):
+    """``subprocess.run(cmd, capture_output=True, text=True, **kwargs)`` whose process
+    :func:`stop_children` ends if the session ends before it does (``-x``, Ctrl-C)."""
+    import subprocess
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **kwargs)
+    _CHILDREN.add(proc)
+    try:
+        out, err = proc.communicate()
+    finally:
+        _CHILDREN.discard(proc)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+_AT_END: list[Callable[[], object]] = []
+
+
+def at_session_end(fn: Callable[[], object]) -> None:
+    """Call ``fn`` when the session ends (a part's clean-up, should no fixture have done it)."""
+    _AT_END.append(fn)
+
+
+def stop_children() -> None:
+    """End every background process still running, with its process group (Snakemake's jobs),
+    and run the parts' clean-ups."""
+    import signal
+
+    for proc in list(_CHILDREN):
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for fn in _AT_END:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - a clean-up must not hide the session's result
+            pass
+
+
+def report_lines_wanted() -> bool:
+    """Whether a phase report is worth printing: some part ran, or ``.ci/run`` asked for one."""
+    return bool(_TIMES) or bool(os.environ.get("PWOPSD_CI_START"))
