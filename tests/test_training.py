@@ -108,10 +108,16 @@ def test_a_run_stopped_early_is_the_full_runs_beginning_and_resumes_when_it_goes
         assert torch.equal(a[k], b[k]), k
 
 
+def _save_base(model, tokenizer, path, **kwargs):
+    model.save_pretrained(path, **kwargs)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def test_merged_adapter_reproduces_the_trained_model(tmp_path, model_factory, tiny_tokenizer):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pwopsd.training.loop import merge_adapter
+    from pwopsd.training.merge import merge_lora_checkpoint
 
     tr = _trainer(model_factory, tiny_tokenizer, tmp_path / "run", steps=2)
     tr.train()
@@ -126,12 +132,59 @@ def test_merged_adapter_reproduces_the_trained_model(tmp_path, model_factory, ti
         expected = tr.model(input_ids=x).logits
         base = model_factory()
         assert not torch.allclose(base(input_ids=x).logits, expected, atol=1e-4)
-    merge_adapter(base, tiny_tokenizer, tmp_path / "adapter", tmp_path / "merged")
+    merge_lora_checkpoint(_save_base(base, tiny_tokenizer, tmp_path / "base"), tmp_path / "adapter", tmp_path / "merged",
+                          "float32")
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
     with torch.no_grad():
         torch.testing.assert_close(merged(input_ids=x).logits, expected, atol=1e-4, rtol=1e-4)
     assert (tmp_path / "merged" / "model.safetensors").exists()
     assert AutoTokenizer.from_pretrained(tmp_path / "merged")("1 + 1")["input_ids"] == tiny_tokenizer("1 + 1")["input_ids"]
+
+
+@pytest.mark.parametrize("dtype, shard", [("float32", None), ("bfloat16", None), ("bfloat16", "60KB")])
+def test_the_merge_writes_peft_merge_and_unload_weights_bit_for_bit(tmp_path, model_factory, tiny_tokenizer, dtype, shard):
+    """merge_lora_checkpoint (safetensors to safetensors, no PEFT) against PEFT's merge_and_unload on
+    the model loaded in the job's dtype: every tensor equal, a sharded base merged shard by shard."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from pwopsd.training.merge import INDEX, merge_lora_checkpoint
+
+    base = _save_base(model_factory(), tiny_tokenizer, tmp_path / "base", **({"max_shard_size": shard} if shard else {}))
+    assert (base / INDEX).exists() == bool(shard)
+    lora = get_peft_model(model_factory(), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                                      task_type="CAUSAL_LM"))
+    with torch.no_grad():  # a non-trivial adapter: B is zero at initialization
+        gen = torch.Generator().manual_seed(0)
+        for name, p in lora.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    lora.save_pretrained(tmp_path / "adapter")
+    merge_lora_checkpoint(base, tmp_path / "adapter", tmp_path / "ours", dtype)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, dtype))
+    PeftModel.from_pretrained(model, tmp_path / "adapter").merge_and_unload().save_pretrained(
+        tmp_path / "peft", **({"max_shard_size": shard} if shard else {}))
+    ours = {k: v for f in sorted((tmp_path / "ours").glob("*.safetensors")) for k, v in load_file(f).items()}
+    peft = {k: v for f in sorted((tmp_path / "peft").glob("*.safetensors")) for k, v in load_file(f).items()}
+    assert ours.keys() == peft.keys() and len(ours) > 10
+    assert all(v.dtype == getattr(torch, dtype) for v in ours.values())
+    assert [k for k in ours if not torch.equal(ours[k], peft[k])] == []
+    before = {k: v.to(getattr(torch, dtype)) for f in base.glob("*.safetensors") for k, v in load_file(f).items()}
+    changed = sorted(k for k, v in ours.items() if not torch.equal(v, before[k]))
+    assert changed == sorted(k for k in ours if any(m in k for m in ("q_proj", "v_proj", "down_proj")))
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["dtype"] == dtype
+    assert (tmp_path / "ours" / "tokenizer.json").exists() and not (tmp_path / "ours" / "adapter_config.json").exists()
+
+
+def test_the_merge_refuses_an_adapter_it_cannot_merge(tmp_path):
+    from pwopsd.training.merge import MergeError, lora_scaling
+
+    assert lora_scaling({"r": 8, "lora_alpha": 16}) == 2.0 and lora_scaling({"r": 4, "lora_alpha": 8, "use_rslora": True}) == 4.0
+    with pytest.raises(MergeError, match="use_dora=True"):
+        lora_scaling({"r": 8, "lora_alpha": 16, "use_dora": True})
+    with pytest.raises(MergeError, match="modules_to_save"):
+        lora_scaling({"r": 8, "lora_alpha": 16, "modules_to_save": ["lm_head"]})
 
 
 def test_gradient_checkpointing_changes_neither_loss_nor_gradients(tmp_path, model_factory, tiny_tokenizer):
@@ -168,7 +221,7 @@ def test_bf16_training_merging_and_generation_on_cpu(tmp_path, random_tiny_model
 
     from pwopsd.generation import GenerationRequest
     from pwopsd.generation.hf_backend import HFBackend
-    from pwopsd.training.loop import merge_adapter
+    from pwopsd.training.merge import merge_lora_checkpoint
 
     def bf16_base():
         return copy.deepcopy(random_tiny_model).to(torch.bfloat16)
@@ -209,7 +262,8 @@ def test_bf16_training_merging_and_generation_on_cpu(tmp_path, random_tiny_model
     x = torch.tensor([tiny_tokenizer("Compute 4 + 5.")["input_ids"]])
     with torch.no_grad():
         expected = tr.model(input_ids=x).logits.float()
-    merge_adapter(bf16_base(), tiny_tokenizer, tmp_path / "adapter", tmp_path / "merged")
+    merge_lora_checkpoint(_save_base(bf16_base(), tiny_tokenizer, tmp_path / "base"), tmp_path / "adapter",
+                          tmp_path / "merged", "bfloat16")
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.bfloat16).eval()
     assert {p.dtype for p in merged.parameters()} == {torch.bfloat16}
     with torch.no_grad():

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
+# Files of a checkpoint folder that hold weights (a merged or re-weighted copy writes its own).
+WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json", "*.pt", "*.pth")
 
 
 class ModelError(RuntimeError):

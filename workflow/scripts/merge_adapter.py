@@ -1,17 +1,16 @@
 """Rule merge_adapter: merge the evaluation-step adapter into a standalone checkpoint (on CPU)."""
 
 from pwopsd.io import write_json
-from pwopsd.models import load_model, load_tokenizer, read_manifest
+from pwopsd.models import read_manifest
 from pwopsd.runtime import setup_logging, versions
 from pwopsd.standalone import standalone_snakemake
-from pwopsd.training.loop import merge_adapter
+from pwopsd.training.merge import merge_lora_checkpoint
 
 
 def main(snakemake):
     log = setup_logging(snakemake.log[0])
     base = read_manifest(snakemake.input.model)
-    model = load_model(base, device="cpu", dtype=snakemake.params.dtype)
-    merge_adapter(model, load_tokenizer(base), snakemake.input.adapter, snakemake.output.merged)
+    merge_lora_checkpoint(base["path"], snakemake.input.adapter, snakemake.output.merged, snakemake.params.dtype)
     wc = snakemake.wildcards
     write_json({"model": wc.model, "kind": "merged", "method": wc.method, "step": snakemake.params.eval_step,
                 "path": snakemake.output.merged, "base": base, "adapter": snakemake.input.adapter,

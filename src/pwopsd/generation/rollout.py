@@ -39,10 +39,9 @@ from typing import Sequence
 
 from pwopsd.generation import Completion, GenerationRequest
 from pwopsd.io import atomic_path
+from pwopsd.models import WEIGHT_FILES  # the merged policy's folder has its own
 
 ROLLOUT_POLICIES = ("adapter", "merged_bf16")
-# Files of a checkpoint folder that hold weights: the merged policy's folder has its own.
-WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json", "*.pt", "*.pth")
 
 
 def bf16_merged_weight(weight, lora_a, lora_b, scaling: float):

@@ -383,14 +383,3 @@ class Trainer:
             if stop_after is not None and done >= stop_after:
                 break
         return history
-
-
-def merge_adapter(model, tokenizer, adapter_dir: str | Path, out_dir: str | Path) -> Path:
-    """Merge a LoRA adapter into ``model`` and save a standalone checkpoint (safetensors + tokenizer)."""
-    from peft import PeftModel
-
-    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
-    with atomic_path(out_dir) as tmp:
-        merged.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-    return Path(out_dir)
