@@ -134,7 +134,7 @@ def tiny_workdir() -> Path:
         if "tiny" not in _TMP:
             import shutil
 
-            _TMP["tiny"] = _TMP["config"]._tmp_path_factory.mktemp("tiny")
+            _TMP["tiny"] = session_tmp("tiny")
             shutil.copytree(REPO / "tiny" / "config", _TMP["tiny"] / "config")
         return _TMP["tiny"]
 
@@ -152,25 +152,51 @@ def _tiny_run_part():
 
 
 TINY_MODEL = Path("results/models/tiny_qwen3/base")
+# What the tiny run has made once its model is built: the model, its manifest and build report,
+# and the prepared data (the prepare jobs are done by then; every output is written atomically).
+TINY_INPUTS = [TINY_MODEL, TINY_MODEL.with_suffix(".json"), TINY_MODEL.parent / "build_report.json",
+               Path("results/data")]
 
 
 @background.part("tiny model")
 def _tiny_model_part():
-    """The tiny run's built model, as soon as its build job is done (long before the run ends)."""
+    """The tiny run's working directory as soon as its model and data exist (long before the run
+    ends): tests that need only these start from here (:func:`copy_tiny_inputs`)."""
 
     def wait():
         import time
 
-        manifest = tiny_workdir() / TINY_MODEL.with_suffix(".json")  # written after the model folder
+        import yaml
+
+        workdir = tiny_workdir()
+        cfg = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+        needed = [workdir / TINY_MODEL.with_suffix(".json"), workdir / "results/data/train_corpus.parquet",
+                  *(workdir / f"results/data/benchmarks/{b}.parquet" for b in cfg["benchmarks"])]
         tiny = background.start("tiny run")
-        while not manifest.exists():
+        while not all(p.exists() for p in needed):
             if tiny.done():
                 tiny.result()  # the run's failure, if it failed
-                raise AssertionError(f"the tiny run ended without {manifest}")
+                raise AssertionError(f"the tiny run ended without {[str(p) for p in needed if not p.exists()]}")
             time.sleep(1)
-        return tiny_workdir() / TINY_MODEL
+        return workdir
 
     return wait
+
+
+def copy_tiny_inputs(source: Path, dest: Path) -> None:
+    """The tiny run's model and data (:data:`TINY_INPUTS`) into another working directory, file
+    times kept (Snakemake then sees them as up to date)."""
+    import shutil
+
+    for part in TINY_INPUTS:
+        src, dst = source / part, dest / part
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+
+
+def session_tmp(name: str) -> Path:
+    """A fresh folder of the session's temporary folders (for parts that run outside fixtures)."""
+    return _TMP["config"]._tmp_path_factory.mktemp(name)
 
 
 @pytest.fixture(scope="session")
@@ -183,7 +209,9 @@ def tiny_run():
 # Fixtures whose tests need a long part: such a test is ``heavy`` (the fast tier leaves it out), and
 # its part starts when collection ends.
 FIXTURE_PARTS = {"tiny_run": "tiny run", "vllm_python": "vLLM environment", "vllm_engine_tests": "vLLM engine tests",
-                 "vllm_stack_env": "vLLM-stack environment", "slurm_cluster": "Slurm cluster start"}
+                 "vllm_diagnostic": "vLLM diagnostic", "vllm_stack_env": "vLLM-stack environment",
+                 "slurm_cluster": "Slurm cluster start", "slurm_run": "Slurm diagnostic",
+                 "second_kernel_path_build": "tiny build on a second kernel path"}
 
 
 def pytest_configure(config):
@@ -200,6 +228,8 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_collection_finish(session):
     """Start every long part that a selected test needs (downloads and CPU work then overlap)."""
+    if session.config.option.collectonly:
+        return
     needed = {FIXTURE_PARTS[f] for item in session.items for f in item.fixturenames if f in FIXTURE_PARTS}
     for name in sorted(needed):
         background.start(name)

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 import background
-from conftest import REPO, run_snakemake
+from conftest import REPO, copy_tiny_inputs, run_snakemake, session_tmp
 from pwopsd.cluster import MAX_RUNTIME_ENV
 from pwopsd.cost import parse_dry_run
 
@@ -198,39 +198,54 @@ def slurm_cluster():
     shutil.rmtree(cluster.root, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def slurm_run(tiny_run, slurm_cluster, tmp_path_factory):
+@background.part("Slurm diagnostic", after=("Slurm cluster start", "tiny model"))
+def _slurm_diagnostic():
     """The tiny diagnostic's GPU and CPU phases (A-E) through the Slurm executor on a real Slurm.
 
-    The working directory starts from the finished tiny run without the diagnostic's outputs; the
-    tiny model entry asks for GPUs (2 for generation, 1 for forwards: the HF backend still runs on
-    the CPU), as a paper model would. The profile is the user's one-file edit (account, partitions)
-    plus what a 2-CPU node can hold: one CPU and one thread per job, memory that fits. `candidates`
-    asks for too little memory on its first attempt, is killed by Slurm and is resubmitted with
-    the attempt-scaled limits. The diagnostic runs on 4 problems per level instead of 12.
+    The working directory starts from the tiny run's model and data (it starts as soon as they
+    exist); the tiny model entry asks for GPUs (2 for generation, 1 for forwards: the HF backend
+    still runs on the CPU), as a paper model would. The profile is the user's one-file edit
+    (account, partitions) plus what a 2-CPU node can hold: one CPU and one thread per job, memory
+    that fits. `candidates` asks for too little memory on its first attempt, is killed by Slurm and
+    is resubmitted with the attempt-scaled limits. The diagnostic runs on 4 problems per level
+    instead of 12.
     """
-    source, _ = tiny_run
-    work = tmp_path_factory.mktemp("slurm_work")
-    shutil.copytree(source / "results" / "data", work / "results" / "data")
-    shutil.copytree(source / "results" / "models", work / "results" / "models")
-    config = yaml.safe_load((REPO / "tiny" / "config" / "config.yaml").read_text())
-    config["models"]["tiny_qwen3"]["gpus"] = {"generate": 2, "train": 0, "forward": 1}
-    config["models"]["tiny_qwen3"]["vllm"] = {"tensor_parallel_size": 2}
-    # A third of the tiny run's problems: the jobs, resources and retries are what is tested here.
-    config["diagnostic"]["datasets"] = {name: 4 for name in config["diagnostic"]["datasets"]}
-    (work / "config").mkdir()
-    (work / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    prof_dir = filled_profile(tmp_path_factory.mktemp("profile"), threads=1, account=slurm_cluster.account)
-    prof = yaml.safe_load((prof_dir / "profile.yaml").read_text())
-    prof["default-resources"]["cpus_per_task"] = 1
-    for rule, res in prof["set-resources"].items():
-        res.update(cpus_per_task=1, mem_mb="3000 * attempt")
-    prof["set-resources"]["candidates"]["mem_mb"] = "200 * attempt ** 4"  # 200 MB: killed; then 3200 MB
-    (prof_dir / "profile.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
-    proc = run_snakemake(["--profile", str(prof_dir), "--directory", str(work), *DIAGNOSTIC_TARGETS,
-                          "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "2"],
-                         env={"SLURM_CONF": str(slurm_cluster.conf)}, check=False)
-    return work, proc, slurm_cluster.jobs()
+
+    def run():
+        from slurm.cluster import SlurmUnavailable
+
+        try:
+            cluster = background.result("Slurm cluster start")
+        except SlurmUnavailable:
+            return None  # the fixture skips
+        source = background.result("tiny model")
+        work = session_tmp("slurm_work")
+        copy_tiny_inputs(source, work)
+        config = yaml.safe_load((REPO / "tiny" / "config" / "config.yaml").read_text())
+        config["models"]["tiny_qwen3"]["gpus"] = {"generate": 2, "train": 0, "forward": 1}
+        config["models"]["tiny_qwen3"]["vllm"] = {"tensor_parallel_size": 2}
+        # A third of the tiny run's problems: the jobs, resources and retries are what is tested here.
+        config["diagnostic"]["datasets"] = {name: 4 for name in config["diagnostic"]["datasets"]}
+        (work / "config").mkdir()
+        (work / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        prof_dir = filled_profile(session_tmp("profile"), threads=1, account=cluster.account)
+        prof = yaml.safe_load((prof_dir / "profile.yaml").read_text())
+        prof["default-resources"]["cpus_per_task"] = 1
+        for rule, res in prof["set-resources"].items():
+            res.update(cpus_per_task=1, mem_mb="3000 * attempt")
+        prof["set-resources"]["candidates"]["mem_mb"] = "200 * attempt ** 4"  # 200 MB: killed; then 3200 MB
+        (prof_dir / "profile.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
+        proc = run_snakemake(["--profile", str(prof_dir), "--directory", str(work), *DIAGNOSTIC_TARGETS,
+                              "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "2"],
+                             env={"SLURM_CONF": str(cluster.conf)}, check=False)
+        return work, proc, cluster.jobs()
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def slurm_run(slurm_cluster):
+    return background.result("Slurm diagnostic")
 
 
 DIAGNOSTIC_TARGETS = [f"results/diagnostic/tiny_qwen3/{name}.parquet" for name in ("mc_dropout", "forced_continuations")]

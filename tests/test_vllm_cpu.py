@@ -28,7 +28,7 @@ import subprocess
 import pytest
 
 import background
-from conftest import REPO, index_reachable
+from conftest import REPO, TINY_MODEL, copy_tiny_inputs, index_reachable, session_tmp
 from pwopsd.io import read_json, read_parquet, read_parquet_metadata
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
@@ -49,9 +49,10 @@ def _vllm_environment():
 @background.part("vLLM engine tests", after=("vLLM environment", "tiny model"))
 def _vllm_engine_tests():
     def run():
-        python, model = background.result("vLLM environment"), background.result("tiny model")
+        python, tiny = background.result("vLLM environment"), background.result("tiny model")
         return background.run_child([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
-                                     str(REPO / "tests" / "vllm_cpu")], cwd=REPO, env=_env(PWOPSD_TINY_MODEL=str(model)))
+                                     str(REPO / "tests" / "vllm_cpu")], cwd=REPO,
+                                    env=_env(PWOPSD_TINY_MODEL=str(tiny / TINY_MODEL)))
 
     return run
 
@@ -80,19 +81,38 @@ def test_vllm_backend_executes_on_the_tiny_model(vllm_engine_tests):
     assert " passed" in summary and "skipped" not in summary and "deselected" not in summary
 
 
-def test_tiny_diagnostic_and_an_evaluation_run_through_vllm(vllm_python, tiny_run, tmp_path):
+VLLM_TARGETS = ["results/tables/branch_auroc.tex", "results/metrics/tiny_qwen3/base/arith_l1/seed-1.json"]
+
+
+@background.part("vLLM diagnostic", after=("vLLM environment", "tiny model"))
+def _vllm_diagnostic():
+    """The tiny diagnostic and one evaluation through vLLM, on the tiny run's model and data
+    (copied with their times): everything that samples runs again, on vLLM."""
+
+    def run():
+        background.result("vLLM environment")
+        work = session_tmp("vllm_diagnostic")
+        tiny = background.result("tiny model")
+        shutil.copytree(tiny / "config", work / "config")
+        copy_tiny_inputs(tiny, work)
+        proc = background.run_child([str(REPO / ".venv-vllm-cpu" / "bin" / "snakemake"), "-s", str(REPO / "Snakefile"),
+                                     "--directory", str(work), "--configfile", "config/vllm.yaml", "--cores", "2",
+                                     *VLLM_TARGETS], cwd=work, env=_env())
+        return work, proc
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def vllm_diagnostic():
+    return background.result("vLLM diagnostic")
+
+
+def test_tiny_diagnostic_and_an_evaluation_run_through_vllm(vllm_diagnostic, tiny_run):
     """The built model and prepared data of the tiny run are reused (copied with their times);
     everything that samples runs again, on vLLM: spines, forced continuations, generate."""
     workdir, _ = tiny_run
-    shutil.copytree(workdir / "config", tmp_path / "config")
-    for part in ("data", "models/tiny_qwen3/base", "models/tiny_qwen3/base.json", "models/tiny_qwen3/build_report.json"):
-        src, dst = workdir / "results" / part, tmp_path / "results" / part
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
-    targets = ["results/tables/branch_auroc.tex", "results/metrics/tiny_qwen3/base/arith_l1/seed-1.json"]
-    proc = subprocess.run([str(REPO / ".venv-vllm-cpu" / "bin" / "snakemake"), "-s", str(REPO / "Snakefile"), "--directory",
-                           str(tmp_path), "--configfile", "config/vllm.yaml", "--cores", "2", *targets],
-                          capture_output=True, text=True, cwd=tmp_path, env=_env())
+    tmp_path, proc = vllm_diagnostic
     assert proc.returncode == 0, f"{proc.stdout[-5000:]}\n{proc.stderr[-8000:]}"
     assert "build_tiny_model" not in proc.stderr  # the tiny run's model, not a new one
     results = tmp_path / "results"

@@ -19,7 +19,7 @@ import pytest
 
 import background
 from conftest import REPO, index_reachable
-from pwopsd.stacks import env_pins, load_stacks, uv_executable
+from pwopsd.stacks import UV_INSTALL_FLAGS, env_pins, load_stacks, uv_executable
 
 ENV = REPO / ".venv-vllm-stack"
 # Test modules that import no torch at module level and hold vllm_stack tests.
@@ -33,12 +33,13 @@ PACKAGES = ["-e", f"{REPO}[grading]", "transformers", "tokenizers", "jinja2", "p
 def _build_env() -> None:
     pins = env_pins(load_stacks()["vllm"])
     constraints = "".join(f"{n}=={v}\n" for n, v in sorted(pins.items()))
-    stamp = hashlib.sha256((constraints + (REPO / "pyproject.toml").read_text() + " ".join(PACKAGES)).encode()).hexdigest()
+    stamp = hashlib.sha256((constraints + (REPO / "pyproject.toml").read_text() + " ".join(PACKAGES + list(UV_INSTALL_FLAGS))
+                            ).encode()).hexdigest()
     if (ENV / "stamp").exists() and (ENV / "stamp").read_text() == stamp:
         return
     subprocess.run([uv_executable(), "venv", "--quiet", "--clear", "--python", sys.executable, str(ENV)], check=True)
     (ENV / "constraints.txt").write_text(constraints)
-    proc = subprocess.run([uv_executable(), "pip", "install", "--quiet", "--python", str(ENV / "bin" / "python"),
+    proc = subprocess.run([uv_executable(), "pip", "install", *UV_INSTALL_FLAGS, "--python", str(ENV / "bin" / "python"),
                            "-c", str(ENV / "constraints.txt"), *PACKAGES], capture_output=True, text=True)
     assert proc.returncode == 0, f"the vLLM-stack test environment did not build:\n{proc.stderr}"
     (ENV / "stamp").write_text(stamp)
