@@ -199,6 +199,10 @@ def test_identical_pairs_are_graded_once():
     with GraderPool(workers=2) as pool:
         pool.grade_pairs([("2", "2")] * 50 + [("2", "3")] * 10)
         assert pool.stats["graded"] == 2 and pool.stats["deduplicated"] == 58
+        # across batches too: a later batch grades only the pairs no worker has answered yet
+        again = pool.grade_pairs([("2", "3"), ("2", "2"), ("7", "7"), ("2", "2", False)])
+        assert [g.correct for g in again] == [False, True, True, True]
+        assert pool.stats["graded"] == 4 and pool.stats["deduplicated"] == 60
 
 
 def test_grading_path_never_evaluates_model_text():

@@ -222,7 +222,9 @@ def default_workers() -> int:
 class GraderPool:
     """Grade many (gold, prediction) pairs in parallel worker processes with a hard time limit.
 
-    Identical pairs are graded once. ``options`` are the default verdict options; a batch may name
+    Identical pairs are graded once, within a batch and across the batches of a pool (a verdict
+    that a worker returned is kept; timeouts, crashes and budget cut-offs are not, so such a pair is
+    tried again when it comes back). ``options`` are the default verdict options; a batch may name
     others (:meth:`grade_pairs`), so one pool serves several graders. Use as a context manager or
     call :meth:`close`.
     """
@@ -241,6 +243,7 @@ class GraderPool:
             # replacements included, then start warm.
             grade_pair("1", "1", options)
         self._workers: list[_Worker] = []
+        self._verdicts: dict[tuple, Grade] = {}  # (gold, pred, gold_is_reference, options) -> a worker's verdict
         self.stats = {"graded": 0, "deduplicated": 0, "timeouts": 0, "crashes": 0, "restarts": 0, "over_budget": 0}
 
     def __enter__(self):
@@ -279,9 +282,14 @@ class GraderPool:
                 results[i] = Grade(False, STATUS_UNFORMATTED, 0.0)
                 continue
             unique.setdefault((gold, str(pred), ref, options), []).append(i)
-        self.stats["deduplicated"] += sum(len(v) - 1 for v in unique.values())
+        self.stats["deduplicated"] += sum(len(v) - (key not in self._verdicts) for key, v in unique.items())
+        for key in [k for k in unique if k in self._verdicts]:
+            for i in unique.pop(key):
+                results[i] = self._verdicts[key]
         deadline = None if budget is None else time.monotonic() + max(0.0, float(budget))
         for key, grade in self._run(list(unique), deadline):
+            if grade.status == STATUS_OK:
+                self._verdicts[key] = grade
             for i in unique[key]:
                 results[i] = grade
         return results  # type: ignore[return-value]

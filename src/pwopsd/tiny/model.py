@@ -283,7 +283,7 @@ def _means(acc: dict) -> dict[str, float]:
     return {fmt: round(v["mean"], 4) for fmt, v in acc.items()}
 
 
-def dev_accuracy(model, tokenizer, cfg: TinyBuildConfig, batch_size: int = 128, per_level: int | None = None) -> dict[str, dict[str, float]]:
+def dev_accuracy(model, tokenizer, cfg: TinyBuildConfig, batch_size: int = 256, per_level: int | None = None) -> dict[str, dict[str, float]]:
     """Sampled (T=1, top_p 0.95, top_k off) accuracy per level for the three prompt formats, on
     the dev set's first ``per_level`` problems of each level (all ``dev_per_level`` by default)."""
     from pwopsd.generation import GenerationRequest
@@ -291,19 +291,23 @@ def dev_accuracy(model, tokenizer, cfg: TinyBuildConfig, batch_size: int = 128, 
     from pwopsd.evaluation.grading import integer_answer
 
     backend = HFBackend(model, tokenizer, batch_size=batch_size)
-    result: dict[str, dict[str, float]] = {}
+    # Every format and level in one call: full batches (a sample depends on its prompt and seed
+    # only, not on the rows beside it).
+    cells, reqs = [], []
     for fmt in ("student", "eval", "teacher"):
-        result[fmt] = {}
         for level in cfg.levels:
             problems = sample_problems(cfg.dev_seed + level, per_level or cfg.dev_per_level, [level], cfg.max_operand)
-            reqs = []
+            cells.append((fmt, level, problems))
             for i, p in enumerate(problems):
                 prompt, _ = format_example(tokenizer, p, fmt, cfg.reference_solution)
                 ids = prompts.encode(tokenizer, prompt, add_special_tokens=False)
                 reqs.append(GenerationRequest(tuple(ids), n=1, seed=i, temperature=1.0, top_p=0.95, top_k=0, max_new_tokens=96))
-            outs = backend.generate(reqs)
-            correct = [integer_answer(o[0].text) == p.answer for o, p in zip(outs, problems)]
-            result[fmt][f"L{level}"] = float(np.mean(correct))
+    outs = iter(backend.generate(reqs))
+    result: dict[str, dict[str, float]] = {}
+    for fmt, level, problems in cells:
+        correct = [integer_answer(next(outs)[0].text) == p.answer for p in problems]
+        result.setdefault(fmt, {})[f"L{level}"] = float(np.mean(correct))
+    for fmt in result:
         result[fmt]["mean"] = float(np.mean([result[fmt][f"L{lv}"] for lv in cfg.levels]))
     return result
 
