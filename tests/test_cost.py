@@ -117,3 +117,38 @@ def test_the_cost_plan_prices_an_overlay_config(capsys):
     jobs = {name: {m.group(1): int(m.group(2)) for m in re.finditer(r"^(train|generate)\s+(\d+)", out, re.M)}
             for name, out in (("three", three), ("one", one))}
     assert jobs == {"three": {"train": 15, "generate": 45}, "one": {"train": 5, "generate": 15}}
+
+
+def test_attempts_under_the_partition_limit_by_hand(paper):
+    """A job of h hours (start-up included) stopped at the limit resumes in the next attempt: each
+    attempt does the limit less its start-up and the notice window of work."""
+    from pwopsd.training.notice import NOTICE_GRACE_SECONDS
+
+    a = cost.ASSUMPTIONS
+    usable = 240 - a["startup_min"] - NOTICE_GRACE_SECONDS / 60  # a 4-hour partition
+    assert cost.usable_minutes(240) == pytest.approx(usable)
+    for hours in (0.5, 3.0, 12.0, 30.0):
+        work = hours * 60 - a["startup_min"]
+        expected = max(1, -(-work // usable))
+        assert cost.attempts_needed(hours, 240) == expected, hours
+    assert cost.attempts_needed(12.0, 2880) == 1
+    job = cost.training_jobs(paper)[0]
+    hours = cost.job_hours(job, paper)
+    short = {**paper, "cluster": {"max_runtime_min": 60}}
+    assert cost.train_retries(short) == max(cost.attempts_needed(cost.job_hours(j, short), 60)
+                                            for j in cost.training_jobs(short)) - 1 + 2
+    assert cost.train_retries(paper) == 2 and hours < 48  # the paper's runs fit one 48-hour attempt
+
+
+def test_a_limit_too_short_for_one_step_is_refused_with_the_numbers(paper):
+    from pwopsd.training.notice import NOTICE_GRACE_SECONDS
+
+    a = cost.ASSUMPTIONS
+    job = cost.training_jobs(paper)[0]
+    step = cost.train_step_seconds(job, paper, cost.model_size_b(paper, "qwen3_4b"), a) / 60
+    need = a["startup_min"] + step + NOTICE_GRACE_SECONDS / 60
+    assert cost.cap_problems({**paper, "cluster": {"max_runtime_min": 30}}) == []
+    problems = cost.cap_problems({**paper, "cluster": {"max_runtime_min": int(need) - 1}})
+    assert len(problems) == len([j for j in cost.training_jobs(paper) if j.gpus])  # the 8B and 7B steps are longer
+    assert f"cluster.max_runtime_min={int(need) - 1} is too short for training qwen3_4b/opsd" in problems[0]
+    assert f"{a['startup_min']:g} min start-up + {step:.1f} min for one step + 10 min to checkpoint on notice = {need:.1f} min" in problems[0]

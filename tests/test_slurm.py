@@ -294,3 +294,29 @@ def test_a_job_killed_for_its_memory_is_resubmitted_with_larger_limits(slurm_run
     assert "exceeded job memory limit" in slurm_log.lower()  # Slurm killed it, as a cluster would
     assert second["state"] == "COMPLETED" and second["reqmem"] == "3200M" and second["timelimit"] == "01:00:00"
     assert "Error in rule candidates" in proc.stdout + proc.stderr  # reported failed, then retried
+
+
+def test_training_jobs_are_warned_before_their_limit_requeued_and_retried_as_the_cost_plan_says(tmp_path):
+    """The profile asks Slurm for SIGTERM ten minutes before a training job's limit (a notice that
+    pwopsd.training.notice turns into a checkpoint) and for --requeue; the train rule's retries are
+    the cost plan's attempts under cluster.max_runtime_min, and a limit too short is refused."""
+    from pwopsd.training.notice import NOTICE_GRACE_SECONDS
+
+    prof = profile()
+    assert prof["set-resources"]["train"]["slurm_extra"] == f"'--signal=TERM@{NOTICE_GRACE_SECONDS}'"
+    assert prof["slurm-requeue"] is True
+    work = tmp_path / "work"
+    shutil.copytree(REPO / "config", work / "config")
+    cfg_path = work / "config" / "config.yaml"
+    cfg_path.write_text(cfg_path.read_text().replace("max_runtime_min: 2880", "max_runtime_min: 120"))
+    proc = run_snakemake(["-n", "--profile", str(filled_profile(tmp_path)), "--directory", str(work),
+                          "results/training/qwen3_4b/opsd/adapter"])
+    assert re.search(r"rule train:(?:\n    [^\n]*)*?\n    resources: [^\n]*slurm_extra=--signal=TERM@600", proc.stdout + proc.stderr)
+    cfg_path.write_text(cfg_path.read_text().replace("max_runtime_min: 120", "max_runtime_min: 12"))
+    proc = run_snakemake(["--profile", str(filled_profile(tmp_path / "p2")), "--directory", str(work),
+                          "results/training/qwen3_4b/opsd/adapter"], check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "the partition's time limit is too short" in out, out[-2000:]
+    assert "cluster.max_runtime_min=12 is too short for training qwen3_4b/opsd" in out
+    assert not (work / "results").exists()
+

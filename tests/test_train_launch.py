@@ -81,35 +81,76 @@ def test_two_processes_equal_one_process_with_the_same_micro_batches(base):
     assert ckpts == ["step-000002", "step-000004", "train_log.jsonl"]
 
 
-def test_a_killed_two_process_run_resumes_to_the_same_adapter(base):
-    full = _launch_2(base, "full", steps=6)
-    args = _args(base, "killed", accumulation=2, steps=6)
-    (base / "killed" / "args.json").write_text(json.dumps(args))
-    code = ("import json, sys; from pwopsd.training.job import launch; "
-            f"launch(json.load(open({str(base / 'killed' / 'args.json')!r})), processes=2, "
-            f"args_path={str(base / 'killed' / 'launch.json')!r}, log_path={str(base / 'killed' / 'rule.log')!r})")
+def _launch_2_in_background(base, name):
+    """A 6-step 2-process launch in a process of its own (as the train job's script runs it; a stop
+    on notice exits 75), returned once its step-2 checkpoint exists: (args, process, checkpoint)."""
+    args = _args(base, name, accumulation=2, steps=6)
+    (base / name / "args.json").write_text(json.dumps(args))
+    code = ("import json, sys; from pwopsd.training.job import launch; from pwopsd.training.notice import Interrupted\n"
+            f"try: launch(json.load(open({str(base / name / 'args.json')!r})), processes=2, "
+            f"args_path={str(base / name / 'launch.json')!r}, log_path={str(base / name / 'rule.log')!r})\n"
+            "except Interrupted: sys.exit(75)")
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO / "src")})
-    first = base / "killed" / "work" / "step-000002" / "trainer_state.pt"
+    first = base / name / "work" / "step-000002" / "trainer_state.pt"
     deadline = time.time() + 300
     while not first.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    # Kill the whole job as Slurm would (its cgroup): the launcher, torchrun and both ranks, which
-    # torchrun starts in sessions of their own.
+    return args, proc, first
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(base):
+    """The 6-step 2-process run that the interrupted ones must end equal to."""
+    return _launch_2(base, "full", steps=6)
+
+
+def _signal_job(proc, sig):
+    """``sig`` to every process of the job, as Slurm signals its cgroup: the launcher, torchrun and
+    both ranks (torchrun starts them in sessions of their own). Returns their PIDs."""
     tree = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
     for pid in tree:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
+    return tree
+
+
+def _rerun_equals(uninterrupted, args, base, name):
+    """The rerun resumes from the last checkpoint and ends with the uninterrupted run's adapter,
+    bit for bit, and a step log with each step once."""
+    done = sorted(p.name for p in (base / name / "work").glob("step-*"))
+    launch(args, processes=2, args_path=base / name / "launch.json", log_path=base / name / "rule.log")
+    assert f"resumed from {base / name / 'work' / done[-1]} (step {int(done[-1][5:])})" in (base / name / "rule.log").read_text()
+    a, b = _adapter(uninterrupted), _adapter(args)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [json.loads(x)["step"] for x in open(args["log_out"])] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_killed_two_process_run_resumes_to_the_same_adapter(base, uninterrupted):
+    args, proc, first = _launch_2_in_background(base, "killed")
+    tree = _signal_job(proc, signal.SIGKILL)
     proc.wait()
     time.sleep(1)
     assert not [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     done = sorted(p.name for p in (base / "killed" / "work").glob("step-*"))
     assert first.exists() and "step-000006" not in done  # killed mid-run
-    launch(args, processes=2, args_path=base / "killed" / "launch.json", log_path=base / "killed" / "rule.log")
-    assert f"resumed from {base / 'killed' / 'work' / done[-1]} (step {int(done[-1][5:])})" in (base / "killed" / "rule.log").read_text()
-    a, b = _adapter(full), _adapter(args)
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert [json.loads(x)["step"] for x in open(args["log_out"])] == [1, 2, 3, 4, 5, 6]
+    _rerun_equals(uninterrupted, args, base, "killed")
+
+
+def test_a_notice_to_a_two_process_run_stops_both_ranks_after_one_step_and_the_rerun_is_bit_identical(base, uninterrupted):
+    """SIGTERM to every process of the job (as Slurm's time limit, preemption or the profile's
+    warning sends it) once step 2 is saved: torchrun passes it on, both ranks finish the same step,
+    rank 0 writes its checkpoint, the launcher raises Interrupted (the job's exit status 75); the
+    rerun resumes from that step to the adapter and step log of an uninterrupted run."""
+    from pwopsd.training.notice import EXIT_INTERRUPTED
+
+    args, proc, first = _launch_2_in_background(base, "notice")
+    _signal_job(proc, signal.SIGTERM)
+    assert proc.wait(timeout=300) == EXIT_INTERRUPTED, (base / "notice" / "rule.log").read_text()[-3000:]
+    done = sorted(p.name for p in (base / "notice" / "work").glob("step-*"))
+    assert done[-1] != "step-000006" and int(done[-1][5:]) >= 2, done
+    assert not (base / "notice" / "adapter").exists()  # no output from a stopped run
+    _rerun_equals(uninterrupted, args, base, "notice")
 
 
 def test_a_crashing_rank_fails_the_job_with_its_traceback_in_the_rule_log(base):

@@ -71,6 +71,15 @@ def test_every_method_trains_and_logs(tmp_path, model_factory, tiny_tokenizer, m
     assert logged[-1]["lr"] == 0.0  # linear decay to 0 at max_steps
 
 
+def _assert_same_adapter(a, b):
+    """Two trainers hold the same LoRA weights, bit for bit."""
+    wa = {k: v for k, v in a.model.named_parameters() if v.requires_grad}
+    wb = {k: v for k, v in b.model.named_parameters() if v.requires_grad}
+    assert wa.keys() == wb.keys() and wa
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
 def test_killed_run_resumes_to_the_same_adapter(tmp_path, model_factory, tiny_tokenizer):
     full = _trainer(model_factory, tiny_tokenizer, tmp_path / "full")
     full.train()
@@ -80,12 +89,70 @@ def test_killed_run_resumes_to_the_same_adapter(tmp_path, model_factory, tiny_to
     resumed = _trainer(model_factory, tiny_tokenizer, tmp_path / "killed")
     resumed.train()
     assert resumed.step == 4
-    a = {k: v for k, v in full.model.named_parameters() if v.requires_grad}
-    b = {k: v for k, v in resumed.model.named_parameters() if v.requires_grad}
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
+    _assert_same_adapter(full, resumed)
     steps = [json.loads(x)["step"] for x in (tmp_path / "killed" / "train_log.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]  # the redone step 3 is logged once
+
+
+def _trained_state(trainer, work_dir):
+    """What a finished run leaves: adapter and optimizer tensors, the step log (bytes)."""
+    tensors = {f"adapter.{k}": v.detach().clone() for k, v in trainer.model.named_parameters() if v.requires_grad}
+    for i, state in trainer.opt.state_dict()["state"].items():
+        tensors.update({f"opt.{i}.{k}": v.clone() for k, v in state.items() if torch.is_tensor(v)})
+    return tensors, (work_dir / "train_log.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize("signum,where", [("SIGTERM", "rollouts"), ("SIGUSR1", "loss"), ("SIGTERM", "between")])
+def test_a_notice_signal_stops_after_its_step_with_a_checkpoint_and_the_rerun_is_bit_identical(
+        tmp_path, model_factory, tiny_tokenizer, monkeypatch, signum, where):
+    """Fault injection: a notice (Slurm's warning, its time limit, preemption) arrives during step
+    3's rollouts, during its loss, or between steps 2 and 3: step 3 still finishes (nothing lost),
+    its checkpoint is written, Interrupted is raised; the rerun resumes there and ends with the
+    adapter, the optimizer state and the step log of an uninterrupted run, bit for bit."""
+    import os
+    import signal
+
+    from pwopsd.training import loop
+    from pwopsd.training.notice import Interrupted
+
+    full = _trainer(model_factory, tiny_tokenizer, tmp_path / "full")
+    full.train()
+    run = _trainer(model_factory, tiny_tokenizer, tmp_path / "run")
+    sig = getattr(signal, signum)
+    real_rollouts, real_loss, real_save = loop.Trainer.rollouts, loop.method_loss, loop.Trainer.save
+
+    def rollouts(self, idx, step):
+        if where == "rollouts" and step == 2:  # 0-based: step 3's rollouts
+            os.kill(os.getpid(), sig)
+        return real_rollouts(self, idx, step)
+
+    def method_loss(cfg, *args):
+        if where == "loss" and args[-1] == 2:
+            os.kill(os.getpid(), sig)
+        return real_loss(cfg, *args)
+
+    def save(self):
+        out = real_save(self)
+        if where == "between" and self.step == 2:
+            os.kill(os.getpid(), sig)
+        return out
+
+    monkeypatch.setattr(loop.Trainer, "rollouts", rollouts)
+    monkeypatch.setattr(loop, "method_loss", method_loss)
+    monkeypatch.setattr(loop.Trainer, "save", save)
+    before = signal.getsignal(sig)
+    with pytest.raises(Interrupted) as stopped:
+        run.train()
+    assert stopped.value.step == 3 and run.step == 3
+    assert sorted(p.name for p in (tmp_path / "run").glob("step-*")) == ["step-000002", "step-000003"]
+    assert signal.getsignal(sig) == before  # the process's own handlers are back
+    monkeypatch.undo()
+    resumed = _trainer(model_factory, tiny_tokenizer, tmp_path / "run")
+    resumed.train()
+    (a, log_a), (b, log_b) = _trained_state(full, tmp_path / "full"), _trained_state(resumed, tmp_path / "run")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    strip = lambda raw: [{k: v for k, v in json.loads(x).items() if not k.endswith("seconds")} for x in raw.splitlines()]  # noqa: E731
+    assert strip(log_a) == strip(log_b)  # every logged number but the timings
 
 
 def test_a_run_stopped_early_is_the_full_runs_beginning_and_resumes_when_it_goes_on(tmp_path, model_factory, tiny_tokenizer):
@@ -102,10 +169,7 @@ def test_a_run_stopped_early_is_the_full_runs_beginning_and_resumes_when_it_goes
     resumed = _trainer(model_factory, tiny_tokenizer, tmp_path / "early", steps=4)
     resumed.train()
     assert resumed.step == 4
-    a = {k: v for k, v in full.model.named_parameters() if v.requires_grad}
-    b = {k: v for k, v in resumed.model.named_parameters() if v.requires_grad}
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
+    _assert_same_adapter(full, resumed)
 
 
 def _save_base(model, tokenizer, path, **kwargs):

@@ -86,6 +86,41 @@ def test_three_training_seeds_give_three_chains_per_table_2_method():
     assert trained == {("qwen3_4b", run) for m in methods for run in (m, f"{m}-seed1", f"{m}-seed2")}
 
 
+def test_the_smoke_canary_plans_every_rule_of_the_paper_dag_at_the_smallest_sizes(capsys):
+    """config/smoke.yaml (README, "Before the full run"): the same rules as the full paper DAG, with
+    2-step trainings evaluated at step 2, two samples and two seeds a checkpoint, a few problems a
+    benchmark; the cost plan prices it at a small fraction of the full run."""
+    from pwopsd import cost
+
+    full = job_counts(run_snakemake(["-n", "--quiet", "rules"]).stdout)
+    proc = run_snakemake(["-n", "--configfile", "config/smoke.yaml"])
+    out = proc.stdout + proc.stderr
+    smoke = job_counts(out)
+    assert set(smoke) == set(full), set(full) ^ set(smoke)
+    assert smoke["train"] == full["train"] and smoke["generate"] == full["generate"] * 2 // 3  # seeds main and 1
+    from pwopsd.config import load_config_files, training_config
+
+    cfg = load_config_files([REPO / "config" / "config.yaml", REPO / "config" / "smoke.yaml"])
+    assert cfg["training"]["eval_step"] == 2 and training_config(cfg, "dsr1_llama_8b", "opsd")["max_steps"] == 3
+    assert cfg["evaluation"]["n"] == 2 and cfg["benchmarks"]["math500"]["first_rows"] == 4
+    cost.main(["--all", "--configfile", "config/smoke.yaml"])
+    smoke_gpu_h = float(re.search(r"^total\s+\d+\s+([\d.]+)$", capsys.readouterr().out, re.M).group(1))
+    cost.main(["--all"])
+    full_gpu_h = float(re.search(r"^total\s+\d+\s+([\d.]+)$", capsys.readouterr().out, re.M).group(1))
+    assert 0 < smoke_gpu_h < 0.06 * full_gpu_h, (smoke_gpu_h, full_gpu_h)
+
+
+def test_first_rows_keeps_the_checked_sources_first_problems(tmp_path):
+    from pwopsd.data import DataError, prepare_dataset
+
+    entry = {"source": {"kind": "tiny", "n": 10, "levels": [1], "seed": 3}, "columns": {}, "expected_rows": 10}
+    whole, _ = prepare_dataset(entry, "benchmarks.t")
+    first, manifest = prepare_dataset({**entry, "first_rows": 4}, "benchmarks.t")
+    assert first.equals(whole.head(4)) and manifest["rows"] == 4 and manifest["first_rows"] == 4
+    with pytest.raises(DataError, match="expected_rows: expected 11 rows"):  # the whole source is still checked
+        prepare_dataset({**entry, "expected_rows": 11, "first_rows": 4}, "benchmarks.t")
+
+
 def test_paper_generation_jobs_request_the_model_gpus():
     proc = run_snakemake(["-n", "results/generations/dsr1_llama_8b/base/aime2025/seed-main.parquet"])
     out = proc.stdout + proc.stderr

@@ -12,6 +12,7 @@ rules cost no GPU-hours and are listed with their job counts.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import subprocess
 import sys
@@ -130,12 +131,14 @@ def data_parallel_layout(cfg: dict) -> dict:
 
 def _generate_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
     ev = cfg["evaluation"]
-    problems = sum(b.get("expected_rows") or 0 for b in cfg["benchmarks"].values())
+    problems = sum(min(b.get("expected_rows") or 0, b.get("first_rows") or b.get("expected_rows") or 0)
+                   for b in cfg["benchmarks"].values())
     tokens = problems * ev["n"] * ev["max_new_tokens"] * a["eval_length_fraction"]
     return _decode_hours(tokens, ev["max_new_tokens"], size, job.gpus, a, tp=_vllm_tp(cfg, job))
 
 
-def _train_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
+def train_step_seconds(job: Job, cfg: dict, size: float, a: dict) -> float:
+    """Seconds of one optimizer step of a training job: rollout decode, forwards and backward, overhead."""
     tr = training_config(cfg, job.wildcards["model"], job.wildcards["method"])
     batch = cfg["training"]["effective_batch"]
     rollout_tokens = batch * tr["max_completion_length"]
@@ -149,8 +152,13 @@ def _train_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
     seq = batch * (a["train_prompt_tokens"] + tr["max_completion_length"])
     # student forward + backward (3x) and the teacher forward (1x, longer privileged prompt ~2x)
     fwd = 6.0 * seq / (a["forward_tok_s_per_gpu_4b"] * 4.0 / size * job.gpus)
+    return decode + fwd + a["train_step_overhead_s"]
+
+
+def _train_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
+    tr = training_config(cfg, job.wildcards["model"], job.wildcards["method"])
     steps = tr["stop_at"] or tr["max_steps"]  # the steps trained (training.stop_at)
-    return steps * (decode + fwd + a["train_step_overhead_s"]) / 3600.0
+    return steps * train_step_seconds(job, cfg, size, a) / 3600.0
 
 
 def _diagnostic_sizes(job: Job, cfg: dict, size: float, a: dict) -> tuple[dict, int, float, float]:
@@ -201,10 +209,15 @@ def job_hours(job: Job, cfg: dict, a: dict = ASSUMPTIONS) -> float:
 
 
 def plan(jobs: list[Job], cfg: dict, a: dict = ASSUMPTIONS) -> list[dict]:
+    """Per rule: jobs, GPUs a job, hours, GPU-hours, and the attempts its longest job needs under
+    ``cluster.max_runtime_min`` (a job that stops at the limit resumes in the next attempt)."""
+    cap = float(cfg.get("cluster", {}).get("max_runtime_min", math.inf))
     rows: dict[str, dict] = {}
     for job in jobs:
         h = job_hours(job, cfg, a)
-        row = rows.setdefault(job.rule, {"rule": job.rule, "jobs": 0, "gpus": set(), "hours": 0.0, "gpu_hours": 0.0})
+        row = rows.setdefault(job.rule, {"rule": job.rule, "jobs": 0, "gpus": set(), "hours": 0.0, "gpu_hours": 0.0,
+                                         "attempts": 1})
+        row["attempts"] = max(row["attempts"], attempts_needed(h, cap, a))
         row["jobs"] += 1
         row["gpus"].add(job.gpus)
         row["hours"] += h
@@ -212,20 +225,81 @@ def plan(jobs: list[Job], cfg: dict, a: dict = ASSUMPTIONS) -> list[dict]:
     return sorted(rows.values(), key=lambda r: (-r["gpu_hours"], r["rule"]))
 
 
+def usable_minutes(cap_min: float, a: dict = ASSUMPTIONS) -> float:
+    """Minutes of work an attempt capped at ``cap_min`` does: less its start-up and the notice
+    window before the limit, in which it finishes its step and writes the checkpoint
+    (:data:`pwopsd.training.notice.NOTICE_GRACE_SECONDS`)."""
+    from pwopsd.training.notice import NOTICE_GRACE_SECONDS
+
+    return cap_min - a["startup_min"] - NOTICE_GRACE_SECONDS / 60.0
+
+
+def attempts_needed(hours: float, cap_min: float, a: dict = ASSUMPTIONS) -> int:
+    """Attempts (submissions, each resuming from the last checkpoint) that a job of ``hours``
+    (start-up included) needs when Slurm stops each attempt at ``cap_min`` minutes."""
+    work = max(0.0, hours * 60.0 - a["startup_min"])
+    usable = usable_minutes(cap_min, a)
+    if usable <= 0:
+        return 0  # never: cap_problems says why
+    return max(1, math.ceil(work / usable - 1e-9))
+
+
+def training_jobs(cfg: dict) -> list[Job]:
+    """Every configured training run as the train rule's job (GPUs: the model's ``gpus.train``)."""
+    from pwopsd.config import training_runs
+
+    return [Job("train", {"model": model, "method": run}, int(cfg["models"][model]["gpus"]["train"]))
+            for model, run in training_runs(cfg)]
+
+
+def cap_problems(cfg: dict, a: dict = ASSUMPTIONS) -> list[str]:
+    """Training runs that cannot progress under ``cluster.max_runtime_min``: an attempt must hold
+    the start-up, one step and the notice window. One message per run, with the numbers."""
+    from pwopsd.training.notice import NOTICE_GRACE_SECONDS
+
+    cap = float(cfg["cluster"]["max_runtime_min"])
+    problems = []
+    for job in training_jobs(cfg):
+        if job.gpus == 0:
+            continue
+        step = train_step_seconds(job, cfg, model_size_b(cfg, job.wildcards["model"]), a) / 60.0
+        if usable_minutes(cap, a) < step:
+            notice = NOTICE_GRACE_SECONDS / 60.0
+            problems.append(f"cluster.max_runtime_min={cap:g} is too short for training {job.wildcards['model']}/"
+                            f"{job.wildcards['method']}: an attempt needs {a['startup_min']:g} min start-up + "
+                            f"{step:.1f} min for one step + {notice:g} min to checkpoint on notice = "
+                            f"{a['startup_min'] + step + notice:.1f} min")
+    return problems
+
+
+def train_retries(cfg: dict, a: dict = ASSUMPTIONS, failures: int = 2) -> int:
+    """The train rule's retries on a cluster: the attempts its longest run needs under
+    ``cluster.max_runtime_min`` (each resumes from the checkpoint the previous one wrote on notice),
+    beyond the first, plus ``failures`` for crashes, node failures and memory kills."""
+    cap = float(cfg["cluster"]["max_runtime_min"])
+    needed = [attempts_needed(job_hours(job, cfg, a), cap, a) for job in training_jobs(cfg) if job.gpus]
+    return max(needed, default=1) - 1 + failures
+
+
 # Rules whose GPUs run vLLM engines (the layout comparison re-prices these).
 VLLM_RULES = ("generate", "spines", "forced_continuation")
 
 
 def render(rows: list[dict], a: dict, data_parallel: list[dict] | None = None, cfg: dict | None = None) -> str:
-    lines = [f"{'rule':<22}{'jobs':>6}{'GPUs/job':>10}{'h/job':>8}{'GPU-hours':>11}"]
+    lines = [f"{'rule':<22}{'jobs':>6}{'GPUs/job':>10}{'h/job':>8}{'GPU-hours':>11}{'attempts':>10}"]
     for r in rows:
         gpus = "/".join(str(g) for g in sorted(r["gpus"]))
         per_job = r["hours"] / r["jobs"] if r["jobs"] else 0.0
-        lines.append(f"{r['rule']:<22}{r['jobs']:>6}{gpus:>10}{per_job:>8.2f}{r['gpu_hours']:>11.1f}")
+        attempts = str(r["attempts"]) if r["attempts"] else "never"
+        lines.append(f"{r['rule']:<22}{r['jobs']:>6}{gpus:>10}{per_job:>8.2f}{r['gpu_hours']:>11.1f}{attempts:>10}")
     total_jobs = sum(r["jobs"] for r in rows)
     total = sum(r["gpu_hours"] for r in rows)
     lines.append(f"{'total':<22}{total_jobs:>6}{'':>10}{'':>8}{total:>11.1f}")
     lines.append(f"= {total / 24:.1f} GPU-days, {total / 4:.0f} hours of 4xH100 nodes")
+    if cfg is not None:
+        lines.append(f"attempts: submissions the longest job of a rule needs when each stops at cluster.max_runtime_min="
+                     f"{cfg['cluster']['max_runtime_min']} min and the next resumes from its checkpoint (train: "
+                     f"retries {train_retries(cfg, a)} on the cluster)")
     if data_parallel is not None and cfg is not None:
         layout = ", ".join(f"{m} TP={e.get('vllm', {}).get('tensor_parallel_size', 1)} x "
                            f"DP={e.get('vllm', {}).get('data_parallel_size', 1)}" for m, e in cfg["models"].items())

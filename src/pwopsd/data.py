@@ -175,5 +175,9 @@ def prepare_dataset(entry: dict, key: str, hub: dict | None = None, base_dir: st
     expected = entry.get("expected_rows")
     if expected is not None and len(df) != expected:
         raise DataError(f"{key}.expected_rows: expected {expected} rows, the source has {len(df)}")
-    manifest = {"name": key.split(".")[-1], "rows": len(df), "columns": list(df.columns), "source": prov}
+    first = entry.get("first_rows")
+    if first is not None:  # a smoke run: the whole source was read and checked, its first rows are kept
+        df = df.head(int(first)).reset_index(drop=True)
+    manifest = {"name": key.split(".")[-1], "rows": len(df), "columns": list(df.columns), "source": prov,
+                **({"first_rows": int(first)} if first is not None else {})}
     return df, manifest

@@ -57,6 +57,19 @@ if clustermod.submits_to_slurm(_slurm_defaults):
                        "a run stops here until these are set):\n  " + "\n  ".join(_unset))
     workflow.global_resources["_cores"] = Resource("_cores", sys.maxsize)
     clustermod.export_max_runtime(config["cluster"]["max_runtime_min"])
+    # A training longer than the partition allows runs over several attempts, each stopped on
+    # notice before the limit and resumed from its checkpoint (pwopsd.training.notice): the train
+    # rule's retries come from the cost plan. A limit too short for one step is refused here.
+    from pwopsd import cost as costmod
+
+    _short = costmod.cap_problems(config)
+    if _short and clustermod.planning_flag(sys.argv[1:]) is None:
+        raise WorkflowError("the partition's time limit is too short:\n  " + "\n  ".join(_short))
+    for _problem in _short:
+        logger.warning(_problem)
+    TRAIN_RETRIES = costmod.train_retries(config)
+else:
+    TRAIN_RETRIES = None  # a local run: Snakemake's --retries
 
 MODELS = list(config["models"])
 HUB_MODELS = cfgmod.hub_models(config)

@@ -23,6 +23,7 @@ rule train:
     resources:
         gpu=config_param(settings.gpus, "train"),
     priority: config_param(settings.chain_priority, 3)
+    retries: TRAIN_RETRIES
     log:
         "logs/train/{model}/{method}.log",
     benchmark:

@@ -22,9 +22,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from pwopsd.io import atomic_path
+from pwopsd.io import atomic_path, write_json
+from pwopsd.training.notice import NOTICE_GRACE_SECONDS, Notice
 
 log = logging.getLogger(__name__)
+
+# Written by rank 0 into the run's checkpoint folder when the run stops on notice (see
+# pwopsd.training.notice); the launcher of torchrun processes reads it.
+INTERRUPTED_MARKER = "interrupted.json"
 
 
 def _answer_checker(grading: dict):
@@ -133,8 +138,10 @@ def run(args: dict) -> None:
     from pwopsd.generation.rollout import make_rollouts
     from pwopsd.models import default_device, load_model, load_tokenizer, read_manifest
     from pwopsd.training.loop import Example, TrainConfig, Trainer, dist_info
+    from pwopsd.training.notice import Interrupted
 
     check_world_size(int(args.get("processes", 1)))
+    (Path(args["work_dir"]) / INTERRUPTED_MARKER).unlink(missing_ok=True)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         import torch.distributed as dist
 
@@ -168,7 +175,12 @@ def run(args: dict) -> None:
                           add_special_tokens=args["chat_template"].get("add_special_tokens", True),
                           think_closure=args["chat_template"].get("think_closure", True), answer_check=check,
                           rollouts=rollouts, tracker=tracker)
-        trainer.train()
+        try:
+            trainer.train()
+        except Interrupted as exc:
+            if rank == 0:  # what the launcher reports when the torchrun processes exit with EXIT_INTERRUPTED
+                write_json({"step": exc.step, "message": str(exc)}, Path(args["work_dir"]) / INTERRUPTED_MARKER)
+            raise
     finally:
         if tracker is not None:
             tracker.close()
@@ -205,24 +217,44 @@ def launch(args: dict, processes: int, args_path: str | Path, log_path: str | Pa
         run(args)
         return
     Path(args_path).write_text(json.dumps(args))
+    # torchrun passes a notice (SIGTERM from Slurm's time limit, preemption or the profile's
+    # warning; SIGUSR1) on to the processes and gives them NOTICE_GRACE_SECONDS to finish their step
+    # and write the checkpoint before it kills them (its default: 30 s).
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
+           "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "--shutdown-timeout", str(NOTICE_GRACE_SECONDS),
            "-m", "pwopsd.training.job", str(args_path)]
     log.info("launching: %s", " ".join(cmd))
     for handler in logging.getLogger().handlers:
         handler.flush()
-    with open(log_path or os.devnull, "a") as out:
+    (Path(args["work_dir"]) / INTERRUPTED_MARKER).unlink(missing_ok=True)
+    # A notice reaches this process too (Slurm signals every process of the job): it must outlive
+    # torchrun, which passes the notice on and waits for the processes' checkpoint.
+    with open(log_path or os.devnull, "a") as out, Notice():
         rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode
+    marker = Path(args["work_dir"]) / INTERRUPTED_MARKER
+    if rc != 0 and marker.exists():  # the processes stopped on notice after a checkpoint
+        from pwopsd.training.notice import Interrupted
+
+        note = json.loads(marker.read_text())
+        raise Interrupted(note["message"], int(note["step"]))
     if rc != 0:
         raise LaunchError(f"training with {processes} processes failed (torchrun exit code {rc}); "
                           f"every process's output is in {log_path or 'the job output'}")
 
 
 def main(argv: list[str]) -> None:
-    """A torchrun process: log with the rank, train, and let a crash reach the log and the exit code."""
+    """A torchrun process: log with the rank, train, and let a crash reach the log and the exit code
+    (a stop on notice: :data:`~pwopsd.training.notice.EXIT_INTERRUPTED`)."""
+    from pwopsd.training.notice import EXIT_INTERRUPTED, Interrupted
+
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
                         format=f"%(asctime)s %(levelname)s rank{rank} %(name)s: %(message)s")
-    run(json.loads(Path(argv[0]).read_text()))
+    try:
+        run(json.loads(Path(argv[0]).read_text()))
+    except Interrupted as exc:
+        log.warning("%s", exc)
+        sys.exit(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

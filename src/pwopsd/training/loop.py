@@ -38,6 +38,7 @@ from pwopsd import prompts
 from pwopsd.generation import GenerationRequest
 from pwopsd.generation.rollout import HFRollouts
 from pwopsd.io import atomic_path
+from pwopsd.training.notice import Interrupted, Notice, agreed
 
 log = logging.getLogger(__name__)
 
@@ -362,24 +363,34 @@ class Trainer:
         return stats
 
     def train(self, *, stop_after: int | None = None) -> list[dict]:
-        """Train to :attr:`TrainConfig.last_step` (resuming if possible); ``stop_after`` simulates a kill after that many steps."""
+        """Train to :attr:`TrainConfig.last_step` (resuming if possible); ``stop_after`` simulates a kill after that many steps.
+
+        A notice signal (SIGTERM, SIGUSR1, SIGINT: :mod:`pwopsd.training.notice`) lets the step in
+        progress finish; then every rank stops after that step, a checkpoint is written and
+        :class:`~pwopsd.training.notice.Interrupted` is raised."""
         self.resume()
         history_path = self.work_dir / "train_log.jsonl"
         done = 0
         history = []
-        while self.step < self.cfg.last_step:
-            stats = self.train_step()
-            history.append(stats)
-            if self.rank == 0:
-                with open(history_path, "a") as fh:
-                    fh.write(json.dumps(stats) + "\n")
-                if self.tracker is not None:
-                    self.tracker.log({k: v for k, v in stats.items() if k != "step"}, self.step)
-            log.info("step %d/%d loss %.5f kl %.4f len %.1f %.2fs", self.step, self.cfg.max_steps, stats["loss"],
-                     stats["kl"], stats["rollout_length"], stats["seconds"])
-            if self.step % self.cfg.save_every == 0 or self.step == self.cfg.last_step:
-                self.save()
-            done += 1
-            if stop_after is not None and done >= stop_after:
-                break
+        with Notice() as notice:
+            while self.step < self.cfg.last_step:
+                stats = self.train_step()
+                history.append(stats)
+                if self.rank == 0:
+                    with open(history_path, "a") as fh:
+                        fh.write(json.dumps(stats) + "\n")
+                    if self.tracker is not None:
+                        self.tracker.log({k: v for k, v in stats.items() if k != "step"}, self.step)
+                log.info("step %d/%d loss %.5f kl %.4f len %.1f %.2fs", self.step, self.cfg.max_steps, stats["loss"],
+                         stats["kl"], stats["rollout_length"], stats["seconds"])
+                stop = agreed(notice.received is not None, self.world)
+                if stop or self.step % self.cfg.save_every == 0 or self.step == self.cfg.last_step:
+                    self.save()
+                if stop and self.step < self.cfg.last_step:
+                    raise Interrupted(f"stopped on {notice.received or 'a notice to another rank'} after step {self.step} "
+                                      f"of {self.cfg.last_step}; checkpoint step-{self.step:06d} written, a rerun resumes "
+                                      "from it", self.step)
+                done += 1
+                if stop_after is not None and done >= stop_after:
+                    break
         return history

@@ -1,0 +1,84 @@
+"""Checkpoint on notice: a training job that is told it will stop soon saves and exits resumable.
+
+Slurm tells a job it will be stopped in three ways: a warning signal before the time limit (the
+profile asks for one with ``--signal``, see docs/cluster.md), SIGTERM when the limit is reached,
+the job is preempted or cancelled (then SIGKILL after ``KillWait`` or the preemption grace time),
+and nothing at all when a node dies. The training loop (:meth:`pwopsd.training.loop.Trainer.train`)
+runs inside a :class:`Notice`: the first notice signal only sets a flag, the loop finishes the
+optimizer step it is in, writes a checkpoint (all ranks agree on the step: :func:`agreed`) and
+raises :class:`Interrupted`; the job then exits with :data:`EXIT_INTERRUPTED` and the next attempt
+(Snakemake's retry, or the same job requeued by Slurm) resumes from that checkpoint. Work lost per
+notice: nothing, when the step finishes before the kill; at most one step otherwise (the last
+checkpoint is then the previous step's, written on the previous notice or by ``save_every``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+log = logging.getLogger(__name__)
+
+# The exit status of a job that stopped on notice with a checkpoint written (BSD's EX_TEMPFAIL:
+# "try again later"). Any non-zero status makes Snakemake retry the job; this one says why.
+EXIT_INTERRUPTED = 75
+
+# How long a launcher (torchrun) lets its processes finish their step and write the checkpoint
+# after a notice before it kills them. The Slurm profile asks for its warning this long before the
+# time limit (`--signal=TERM@600` in profiles/slurm), so both windows hold one step and one save.
+NOTICE_GRACE_SECONDS = 600
+
+# SIGTERM: Slurm's time limit, preemption, scancel, Snakemake stopping; SIGUSR1: the warning that
+# `--signal=USR1@<seconds>` asks for; SIGINT: Ctrl-C on a workstation.
+NOTICE_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
+
+
+class Interrupted(RuntimeError):
+    """Training stopped on a notice signal after writing a checkpoint; a rerun resumes from it."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
+
+class Notice:
+    """Records the first notice signal while active (a context manager). Outside the main thread
+    (where Python cannot install handlers) it records nothing and the defaults stay in place."""
+
+    def __init__(self, signals: tuple[str, ...] = NOTICE_SIGNALS):
+        self.signals = [getattr(signal, name) for name in signals]
+        self.received: str | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+            log.warning("%s received: finishing this step, then a checkpoint and exit (status %d)",
+                        self.received, EXIT_INTERRUPTED)
+
+    def __enter__(self) -> "Notice":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+def agreed(flag: bool, world: int) -> bool:
+    """Whether any rank has ``flag`` set: every rank gets the same answer at the same step (one
+    all-reduce a step, with several processes), so all of them stop after the same step."""
+    if world <= 1:
+        return flag
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
