@@ -19,6 +19,9 @@ collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm_cpu"]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The full suite runs its long parts side by side on few cores: OpenMP threads that wait for work
+# sleep instead of spinning, so that they do not take the cores from the processes beside them.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def paper_train_config(loss: str, **overrides):

@@ -162,8 +162,11 @@ def _second_kernel_path_build():
         other = "avx2" if torch.backends.cpu.get_cpu_capability() == "AVX512" else "default"
         work = session_tmp("tiny_second_path")
         shutil.copytree(REPO / "tiny" / "config", work / "config")
-        proc = run_snakemake(["--cores", "2", "--directory", str(work), "results/models/tiny_qwen3/base.json"],
-                             env={"ATEN_CPU_CAPABILITY": other}, check=False)
+        # One thread: it runs beside the tiny run, the vLLM and the Slurm parts, and a 2-thread OpenMP
+        # team on 2 oversubscribed cores spends its time at barriers (a 2-thread build took 41 min
+        # in a full run on the Zen 1 host).
+        proc = run_snakemake(["--cores", "1", "--directory", str(work), "results/models/tiny_qwen3/base.json",
+                              "--config", "tiny={threads: 1}"], env={"ATEN_CPU_CAPABILITY": other}, check=False)
         return work, proc, other
 
     return run
