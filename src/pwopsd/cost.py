@@ -131,8 +131,8 @@ def data_parallel_layout(cfg: dict) -> dict:
 
 def _generate_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
     ev = cfg["evaluation"]
-    problems = sum(min(b.get("expected_rows") or 0, b.get("first_rows") or b.get("expected_rows") or 0)
-                   for b in cfg["benchmarks"].values())
+    # a benchmark's rows: expected_rows, or its first_rows when a smoke run keeps fewer
+    problems = sum(min(b.get("expected_rows") or 0, b.get("first_rows") or math.inf) for b in cfg["benchmarks"].values())
     tokens = problems * ev["n"] * ev["max_new_tokens"] * a["eval_length_fraction"]
     return _decode_hours(tokens, ev["max_new_tokens"], size, job.gpus, a, tp=_vllm_tp(cfg, job))
 

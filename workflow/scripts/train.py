@@ -1,12 +1,10 @@
 """Rule train: one model x method training run (torchrun processes when several GPUs are given)."""
 
-import sys
-
 from pwopsd.io import read_json, write_json
 from pwopsd.runtime import set_threads, setup_logging
 from pwopsd.standalone import standalone_snakemake
 from pwopsd.training.job import checkpoint_dir, launch, run_key
-from pwopsd.training.notice import EXIT_INTERRUPTED, Interrupted
+from pwopsd.training.notice import exit_on_notice
 
 
 def main(snakemake):
@@ -38,13 +36,11 @@ def main(snakemake):
     args["work_dir"] = str(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_key(args), work_dir / "run.json")  # what this checkpoint folder is the run of
-    try:
+    # A notice signal (Slurm's warning, time limit, preemption) ends the job with status 75 after a
+    # checkpoint: the next attempt resumes.
+    with exit_on_notice(console=True):
         launch(args, processes=int(snakemake.resources.get("gpu", 0) or 0), args_path=work_dir.parent / "launch_args.json",
                log_path=snakemake.log[0])
-    except Interrupted as exc:  # a notice signal (Slurm's warning, time limit, preemption): the next attempt resumes
-        log.warning("%s", exc)
-        print(f"pwopsd job stopped on notice: {exc}", file=sys.__stderr__, flush=True)
-        sys.exit(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

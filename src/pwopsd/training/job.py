@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from pwopsd.io import atomic_path, write_json
-from pwopsd.training.notice import NOTICE_GRACE_SECONDS, Notice
+from pwopsd.training.notice import NOTICE_GRACE_SECONDS, Interrupted, Notice, exit_on_notice
 
 log = logging.getLogger(__name__)
 
@@ -138,10 +138,8 @@ def run(args: dict) -> None:
     from pwopsd.generation.rollout import make_rollouts
     from pwopsd.models import default_device, load_model, load_tokenizer, read_manifest
     from pwopsd.training.loop import Example, TrainConfig, Trainer, dist_info
-    from pwopsd.training.notice import Interrupted
 
     check_world_size(int(args.get("processes", 1)))
-    (Path(args["work_dir"]) / INTERRUPTED_MARKER).unlink(missing_ok=True)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         import torch.distributed as dist
 
@@ -233,8 +231,6 @@ def launch(args: dict, processes: int, args_path: str | Path, log_path: str | Pa
         rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode
     marker = Path(args["work_dir"]) / INTERRUPTED_MARKER
     if rc != 0 and marker.exists():  # the processes stopped on notice after a checkpoint
-        from pwopsd.training.notice import Interrupted
-
         note = json.loads(marker.read_text())
         raise Interrupted(note["message"], int(note["step"]))
     if rc != 0:
@@ -245,16 +241,11 @@ def launch(args: dict, processes: int, args_path: str | Path, log_path: str | Pa
 def main(argv: list[str]) -> None:
     """A torchrun process: log with the rank, train, and let a crash reach the log and the exit code
     (a stop on notice: :data:`~pwopsd.training.notice.EXIT_INTERRUPTED`)."""
-    from pwopsd.training.notice import EXIT_INTERRUPTED, Interrupted
-
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
                         format=f"%(asctime)s %(levelname)s rank{rank} %(name)s: %(message)s")
-    try:
+    with exit_on_notice():
         run(json.loads(Path(argv[0]).read_text()))
-    except Interrupted as exc:
-        log.warning("%s", exc)
-        sys.exit(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

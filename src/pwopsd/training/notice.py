@@ -14,8 +14,10 @@ checkpoint is then the previous step's, written on the previous notice or by ``s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
+import sys
 import threading
 
 log = logging.getLogger(__name__)
@@ -82,3 +84,16 @@ def agreed(flag: bool, world: int) -> bool:
         t = t.cuda()
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+@contextlib.contextmanager
+def exit_on_notice(console: bool = False):
+    """Turn :class:`Interrupted` into the process's exit with :data:`EXIT_INTERRUPTED`, logged (and
+    with ``console``, a line on the job's own stderr, where Slurm's log and Snakemake see it)."""
+    try:
+        yield
+    except Interrupted as exc:
+        log.warning("%s", exc)
+        if console:
+            print(f"pwopsd job stopped on notice: {exc}", file=sys.__stderr__, flush=True)
+        sys.exit(EXIT_INTERRUPTED)
