@@ -165,8 +165,7 @@ def significance_spec(cfg: dict, wc) -> dict:
     comparisons = C.significance_comparisons(cfg)[wc.table]
     names = {n for _, me, base in comparisons for n in (me, base)}
     return {"comparisons": [list(c) for c in comparisons], "benchmarks": benchmarks(cfg),
-            "metrics": list(sig["metrics"]), "level": sig["level"], "n_boot": sig["n_boot"], "max_exact": sig["max_exact"],
-            "n_perm": sig["n_perm"], "seed": sig["seed"], "n": cfg["evaluation"]["n"],
+            "metrics": list(sig["metrics"]), "level": sig["level"], "n": cfg["evaluation"]["n"],
             "method_labels": {n: methods[n].get("label", n) for n in sorted(names)},
             "runs": {n: C.method_runs(cfg, n) for n in sorted(names)},
             "benchmark_labels": tables.get("benchmark_labels", {}), "model_labels": tables.get("model_labels", {})}

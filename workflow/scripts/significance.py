@@ -15,8 +15,7 @@ def main(snakemake):
     spec = dict(snakemake.params.spec)
     summaries = [read_json(p) for p in snakemake.input.metrics]
     frame = significance_frame(summaries, [tuple(c) for c in spec["comparisons"]], spec["benchmarks"], spec["metrics"],
-                               runs={m: list(r) for m, r in spec["runs"].items()}, level=spec["level"],
-                               n_boot=spec["n_boot"], seed=spec["seed"], max_exact=spec["max_exact"], n_perm=spec["n_perm"])
+                               runs={m: list(r) for m, r in spec["runs"].items()}, level=spec["level"])
     tex = significance_table(frame, metric_labels=METRICS, method_labels=spec["method_labels"],
                              model_labels=spec["model_labels"], benchmark_labels=spec["benchmark_labels"], level=spec["level"],
                              n=spec["n"], label=f"tab:significance-{snakemake.wildcards.table.replace('_', '-')}")

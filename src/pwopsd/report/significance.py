@@ -8,36 +8,41 @@ Pass@12 as 0/1). The difference of the two methods is the mean over problems of 
 means over runs and seeds (:func:`paired_delta`), i.e. exactly the difference of the two table
 cells.
 
-Interval (:func:`bootstrap_deltas`, a hierarchical bootstrap). What is resampled and why:
+Interval and p come from one model (:func:`mixed_model_fit`), so that "the interval excludes 0"
+and "p < 1 - level" always agree. The model is the linear mixed model of the design, with the eval
+seeds averaged within (problem, run)::
 
-- **problems**, with replacement, as clusters: a resampled problem brings all of its runs and seeds
-  with it, in both methods (the pairing);
-- **training runs**, with replacement, per method, once per replicate and shared by every problem:
-  a run is crossed with the problems (a good run is good on all of them), so resampling it inside
-  each problem would average its effect away; with one run per method (the paper) there is nothing
-  to resample and the interval does not include training-seed variance (it cannot be estimated from
-  one run);
-- **eval seeds are not resampled**: they are nested in (problem, run), so their sampling noise is
-  already in the per-problem differences the problem bootstrap resamples; resampling them again
-  would count that noise twice (Ren et al. 2010, "Nonparametric bootstrapping for hierarchical
-  data", resample the top level only).
+    y[m, r, p] = mu_m + u_p + (mu u)_{m,p} + v_{m,r} + w_{m,r,p}
 
-Test (:func:`sign_flip_p_value`): a paired sign-flip permutation test over problems: under "no
-difference" the sign of each problem's difference is as likely either way, so the p-value is the
-share of sign assignments whose mean difference is at least as far from 0 as the observed one;
-exact enumeration over the problems whose difference is not zero when there are at most
-``max_exact`` of them, Monte Carlo otherwise. Several comparisons of one table: Holm's step-down
-correction (:func:`holm`).
+- ``u_p``, the problem's difficulty, is shared by both methods: the pairing removes it;
+- ``(mu u)_{m,p}``, how much the method helps on this problem, is random (problems are a sample of
+  the benchmark's population) and with ``w`` (the problem-by-run noise, eval-seed noise included)
+  makes the spread of the per-problem differences: the term ``Q``, the variance of their mean;
+- ``v_{m,r}``, a training run's own level, shared by all problems of the run (a good run is good on
+  all of them), with one variance ``sigma_run^2`` for both methods: estimated from the spread of
+  each run's mean score beyond what the problem-by-run noise explains (the balanced design's ANOVA
+  estimator, pooled over methods with at least 2 runs, truncated at 0 as REML is).
+
+Var(delta) = Q + sigma_run^2 (1 / R_method + 1 / R_baseline); its degrees of freedom are
+Satterthwaite's (1946) for that combination of mean squares, which is what Kenward and Roger's
+(1997) small-sample correction reduces to in a balanced design (see Searle, Casella and McCulloch,
+*Variance Components*, 1992, ch. 4). With one run per method (the paper's design) sigma_run cannot
+be estimated: the comparison is then a paired t-test over problems and neither its interval nor
+its p includes training-seed variance (:attr:`Comparison.run_variance_included` is False and the
+tables say so; ``python -m pwopsd.power`` tells how many runs a gain needs). The calibration (the
+interval's coverage and p's false-positive rate by simulation, per run sd and number of runs) is
+rebuilt by tests/test_significance.py and reported in docs/decisions.md.
+
+Several comparisons of one table: Holm's step-down correction (:func:`holm`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-
-from pwopsd.diagnostic.statistics import percentile_interval
 
 
 def _scores(a) -> np.ndarray:
@@ -62,69 +67,135 @@ def paired_delta(method, baseline) -> float:
     return float(problem_differences(method, baseline).mean())
 
 
-def bootstrap_deltas(method, baseline, *, n_boot: int = 10000, seed: int = 0) -> np.ndarray:
-    """Bootstrap replicates of :func:`paired_delta`: problems resampled as clusters, training runs
-    resampled per method and shared by all problems, eval seeds kept (see the module docstring)."""
-    return stratified_bootstrap_deltas([(method, baseline)], n_boot=n_boot, seed=seed)
+# -- Student's t distribution (non-integer degrees of freedom: Satterthwaite's)
+
+def regularized_incomplete_beta(a: float, b: float, x: float) -> float:
+    """I_x(a, b), by its continued fraction (modified Lentz), on the side where it converges fast."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1.0) / (a + b + 2.0):
+        return 1.0 - regularized_incomplete_beta(b, a, 1.0 - x)
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    floor = 1e-300
+    f, c, d = 1.0, 1.0, 0.0
+    for i in range(1000):
+        k = i // 2
+        if i == 0:
+            term = 1.0
+        elif i % 2 == 0:
+            term = k * (b - k) * x / ((a + 2 * k - 1) * (a + 2 * k))
+        else:
+            term = -(a + k) * (a + b + k) * x / ((a + 2 * k) * (a + 2 * k + 1))
+        d = 1.0 + term * d
+        d = 1.0 / (d if abs(d) > floor else floor)
+        c = 1.0 + term / c
+        c = c if abs(c) > floor else floor
+        f *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            return math.exp(log_front) * (f - 1.0) / a
+    raise ArithmeticError(f"incomplete beta I_{x}({a}, {b}) did not converge")
 
 
-def stratified_bootstrap_deltas(strata: Sequence[tuple], *, n_boot: int = 10000, seed: int = 0) -> np.ndarray:
-    """Bootstrap replicates of the mean over strata (benchmarks: a table's mean column) of each
-    stratum's :func:`paired_delta`. Problems are resampled within their stratum; a replicate's
-    training runs are drawn once per method and shared by every stratum and problem (a run is the
-    same model on every benchmark), so every stratum must list the same runs in the same order."""
-    pairs = [(_scores(m), _scores(b)) for m, b in strata]
+def t_two_sided_p(t: float, df: float) -> float:
+    """P(|T| >= |t|) for Student's t with ``df`` degrees of freedom."""
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be positive, not {df}")
+    if math.isinf(t):
+        return 0.0
+    return regularized_incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+
+
+def t_density(t: float, df: float) -> float:
+    """Student's t density."""
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    return math.exp(log_c - (df + 1) / 2 * math.log1p(t * t / df))
+
+
+def t_quantile(q: float, df: float) -> float:
+    """The ``q`` quantile of Student's t (0.5 < q < 1): Newton's method on :func:`t_two_sided_p`,
+    kept inside a bracket that bisection narrows whenever a Newton step would leave it."""
+    if not 0.5 < q < 1.0:
+        raise ValueError(f"quantile level must lie in (0.5, 1), not {q}")
+    target, low, high = 2.0 * (1.0 - q), 0.0, 1.0
+    while t_two_sided_p(high, df) > target:
+        low, high = high, 2.0 * high
+    t = 0.5 * (low + high)
+    for _ in range(200):
+        excess = t_two_sided_p(t, df) - target  # decreasing in t
+        low, high = (t, high) if excess > 0 else (low, t)
+        step = excess / (2.0 * t_density(t, df))
+        t = t + step if low < t + step < high else 0.5 * (low + high)
+        if abs(step) < 1e-13 * t or high - low < 1e-13 * high:
+            return t
+    return t
+
+
+# -- the mixed model of the design
+
+@dataclass(frozen=True)
+class MixedModelFit:
+    """The method-minus-baseline difference (a fraction) with its variance and degrees of freedom."""
+
+    delta: float
+    variance: float
+    df: float
+    run_variance: float | None  # sigma_run^2; None when no method has 2 runs (not estimable)
+
+
+def _satterthwaite(terms: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
+    """Sum and Satterthwaite degrees of freedom of ``coefficient x mean square`` terms, each
+    ``(coefficient, mean square, its degrees of freedom)``."""
+    total = sum(c * ms for c, ms, _ in terms)
+    spread = sum((c * ms) ** 2 / df for c, ms, df in terms if ms)
+    return total, (total * total / spread if spread > 0 else math.inf)
+
+
+def mixed_model_fit(strata: Sequence[tuple]) -> MixedModelFit:
+    """The model of the module docstring for the mean over strata (benchmarks, equal weights) of
+    each stratum's :func:`paired_delta`. ``strata``: ``(method, baseline)`` score arrays; a run is
+    the same model on every benchmark, so every stratum must list the same runs in the same order
+    (one run level ``v`` per run, shared by the strata)."""
+    pairs = [(_scores(m).mean(axis=2), _scores(b).mean(axis=2)) for m, b in strata]  # [P, R]
+    runs = (pairs[0][0].shape[1], pairs[0][1].shape[1])
     for m, b in pairs:
         if m.shape[0] != b.shape[0]:
             raise ValueError(f"paired by problem: {m.shape[0]} problems against {b.shape[0]}")
-        if (m.shape[1], b.shape[1]) != (pairs[0][0].shape[1], pairs[0][1].shape[1]):
+        if (m.shape[1], b.shape[1]) != runs:
             raise ValueError("every stratum needs the same training runs")
-    rng = np.random.default_rng(seed)
-    runs_m_n, runs_b_n = pairs[0][0].shape[1], pairs[0][1].shape[1]
-    per_run = [(m.mean(axis=2), b.mean(axis=2)) for m, b in pairs]  # [P, R]: seeds averaged within (problem, run)
-    out = np.empty(n_boot)
-    for start in range(0, n_boot, 1000):  # in blocks: memory stays ~1000 x problems
-        k = min(1000, n_boot - start)
-        runs_m = rng.integers(0, runs_m_n, size=(k, runs_m_n))
-        runs_b = rng.integers(0, runs_b_n, size=(k, runs_b_n))
-        total = np.zeros(k)
-        for m_run, b_run in per_run:
-            problems = rng.integers(0, m_run.shape[0], size=(k, m_run.shape[0]))
-            diff = m_run[:, runs_m].mean(axis=2).T - b_run[:, runs_b].mean(axis=2).T  # [k, P]
-            total += np.take_along_axis(diff, problems, axis=1).mean(axis=1)
-        out[start : start + k] = total / len(per_run)
-    return out
-
-
-def sign_flip_p_value(differences: Sequence[float], *, max_exact: int = 20, n_perm: int = 100000,
-                      seed: int = 0) -> float:
-    """Two-sided p-value of a paired sign-flip permutation test of mean(differences) = 0.
-
-    Problems with a zero difference cannot change sign and are left out of the enumeration. With at
-    most ``max_exact`` others every sign assignment is enumerated (exact); otherwise ``n_perm``
-    random ones are drawn and p = (1 + hits) / (1 + n_perm) (never 0)."""
-    d = np.asarray(differences, dtype=float)
-    d = d[d != 0]
-    if d.size == 0:
-        return 1.0
-    observed = abs(d.sum())
-    tol = 1e-9 * max(1.0, observed)
-    if d.size <= max_exact:
-        n = d.size
-        hits = 0
-        total = 1 << n
-        for start in range(0, total, 1 << 16):  # sign patterns as the bits of consecutive integers
-            codes = np.arange(start, min(total, start + (1 << 16)), dtype=np.int64)
-            signs = 1.0 - 2.0 * ((codes[:, None] >> np.arange(n)) & 1)
-            hits += int((np.abs(signs @ d) >= observed - tol).sum())
-        return hits / total
-    rng = np.random.default_rng(seed)
-    hits = 0
-    for start in range(0, n_perm, 10000):
-        k = min(10000, n_perm - start)
-        signs = rng.choice([-1.0, 1.0], size=(k, d.size))
-        hits += int((np.abs(signs @ d) >= observed - tol).sum())
-    return (1 + hits) / (1 + n_perm)
+        if m.shape[0] < 2:
+            raise ValueError("a benchmark needs at least 2 problems for the spread of its differences")
+    n = len(pairs)
+    weights = np.concatenate([np.full(m.shape[0], 1.0 / (n * m.shape[0])) for m, _ in pairs])  # per problem
+    diffs = [m.mean(axis=1) - b.mean(axis=1) for m, b in pairs]
+    delta = float(sum(d.mean() for d in diffs) / n)
+    # Q: the spread of the per-problem differences within each benchmark (one mean square each).
+    terms = [(1.0 / (n * n * d.size), float(d.var(ddof=1)), d.size - 1.0) for d in diffs]
+    # sigma_run^2 from each method with >= 2 runs: var of run means minus the problem-by-run noise in them.
+    sum_w2 = float((weights ** 2).sum())
+    run_parts = []
+    for side in (0, 1):
+        y = np.concatenate([pair[side] for pair in pairs], axis=0)  # [all problems, runs]
+        r = y.shape[1]
+        if r < 2:
+            continue
+        run_means = weights @ y
+        per_problem = y.var(axis=1, ddof=1)
+        run_parts.append((r - 1.0, [(1.0, float(run_means.var(ddof=1)), r - 1.0)]
+                          + [(-(wj ** 2), float(v), r - 1.0) for wj, v in zip(weights, per_problem)]))
+    run_variance = None
+    if run_parts:
+        pooled_df = sum(df for df, _ in run_parts)
+        scale = 1.0 / ((1.0 - sum_w2) * pooled_df)  # sigma_run^2 = sum_m df_m (their terms) x scale
+        run_terms = [(c * df * scale, ms, d) for df, part in run_parts for c, ms, d in part]
+        run_variance = sum(c * ms for c, ms, _ in run_terms)
+        if run_variance > 0:  # at the boundary (<= 0) the run term is 0 and adds no degrees of freedom
+            factor = 1.0 / runs[0] + 1.0 / runs[1]
+            terms += [(c * factor, ms, d) for c, ms, d in run_terms]
+        run_variance = max(0.0, run_variance)
+    variance, df = _satterthwaite(terms)
+    return MixedModelFit(delta=delta, variance=max(0.0, variance), df=df, run_variance=run_variance)
 
 
 def holm(p_values: Sequence[float]) -> np.ndarray:
@@ -147,10 +218,12 @@ class Comparison:
     low: float
     high: float
     p_value: float
+    df: float
     problems: int
     method_runs: int
     baseline_runs: int
     eval_seeds: int
+    run_variance_included: bool  # False: one run per method, training-seed variance not estimable
 
     def excludes_zero(self) -> bool:
         return self.low > 0 or self.high < 0
@@ -159,28 +232,26 @@ class Comparison:
         return self.low <= value <= self.high
 
 
-def compare(method, baseline, *, level: float = 0.95, n_boot: int = 10000, seed: int = 0, scale: float = 100.0,
-            max_exact: int = 20, n_perm: int = 100000) -> Comparison:
-    """Δ = method − baseline (× ``scale``: points for fractions), its ``level`` bootstrap interval
-    and the sign-flip p-value over problems."""
-    return compare_strata([(method, baseline)], level=level, n_boot=n_boot, seed=seed, scale=scale,
-                          max_exact=max_exact, n_perm=n_perm)
+def compare(method, baseline, *, level: float = 0.95, scale: float = 100.0) -> Comparison:
+    """Δ = method − baseline (× ``scale``: points for fractions), its ``level`` interval and the
+    two-sided p of "Δ = 0", both from :func:`mixed_model_fit`."""
+    return compare_strata([(method, baseline)], level=level, scale=scale)
 
 
-def compare_strata(strata: Sequence[tuple], *, level: float = 0.95, n_boot: int = 10000, seed: int = 0,
-                   scale: float = 100.0, max_exact: int = 20, n_perm: int = 100000) -> Comparison:
-    """:func:`compare` for the mean over strata (benchmarks, equal weights) of the per-stratum
-    deltas: stratified bootstrap, and a sign-flip test whose statistic is that mean, i.e. the sum
-    of the problems' differences each weighted by 1 / (its stratum's problems)."""
-    pairs = [(_scores(m), _scores(b)) for m, b in strata]
-    diffs = [problem_differences(m, b) for m, b in pairs]
-    delta = float(np.mean([d.mean() for d in diffs]))
-    weighted = np.concatenate([d / d.size for d in diffs])
-    low, high = percentile_interval(stratified_bootstrap_deltas(pairs, n_boot=n_boot, seed=seed), level)
-    return Comparison(delta=delta * scale, low=low * scale, high=high * scale,
-                      p_value=sign_flip_p_value(weighted, max_exact=max_exact, n_perm=n_perm, seed=seed),
-                      problems=sum(d.size for d in diffs), method_runs=pairs[0][0].shape[1],
-                      baseline_runs=pairs[0][1].shape[1], eval_seeds=min(min(m.shape[2], b.shape[2]) for m, b in pairs))
+def compare_strata(strata: Sequence[tuple], *, level: float = 0.95, scale: float = 100.0) -> Comparison:
+    """:func:`compare` for the mean over strata (benchmarks, equal weights) of the per-stratum deltas."""
+    fit = mixed_model_fit(strata)
+    se = math.sqrt(fit.variance)
+    if se > 0:
+        half = t_quantile(0.5 + level / 2, fit.df) * se
+        p = t_two_sided_p(fit.delta / se, fit.df)
+    else:  # no spread at all: every problem and run differs by exactly delta
+        half, p = 0.0, (1.0 if fit.delta == 0 else 0.0)
+    shapes = [(_scores(m).shape, _scores(b).shape) for m, b in strata]
+    return Comparison(delta=fit.delta * scale, low=(fit.delta - half) * scale, high=(fit.delta + half) * scale,
+                      p_value=p, df=fit.df, problems=sum(m[0] for m, _ in shapes), method_runs=shapes[0][0][1],
+                      baseline_runs=shapes[0][1][1], eval_seeds=min(min(m[2], b[2]) for m, b in shapes),
+                      run_variance_included=fit.run_variance is not None)
 
 
 # -- from the per-seed metrics files of the evaluation (results/metrics/<model>/<ckpt>/<bench>/seed-<s>.json)
@@ -217,8 +288,7 @@ def run_scores(summaries: Sequence[dict], model: str, runs: Sequence[str], bench
 
 def significance_frame(summaries: Sequence[dict], comparisons: Sequence[tuple[str, str, str]], benchmarks: Sequence[str],
                        metrics: Sequence[str], *, runs: dict[str, Sequence[str]] | None = None, mean_name: str = "mean",
-                       level: float = 0.95, n_boot: int = 10000, seed: int = 0, max_exact: int = 20,
-                       n_perm: int = 100000) -> "pd.DataFrame":
+                       level: float = 0.95) -> "pd.DataFrame":
     """One row per (model, method vs baseline, metric, benchmark or the mean column): Δ in points,
     its interval, p and Holm's adjustment over every row of the same metric (one table's family).
     ``runs``: each method's training runs (default: the method alone)."""
@@ -232,10 +302,11 @@ def significance_frame(summaries: Sequence[dict], comparisons: Sequence[tuple[st
                        run_scores(summaries, model, runs.get(baseline, [baseline]), b, metric)) for b in benchmarks]
             parts = [(b, [st]) for b, st in zip(benchmarks, strata)] + ([(mean_name, strata)] if len(strata) > 1 else [])
             for bench, group in parts:
-                c = compare_strata(group, level=level, n_boot=n_boot, seed=seed, max_exact=max_exact, n_perm=n_perm)
+                c = compare_strata(group, level=level)
                 rows.append({"model": model, "method": method, "baseline": baseline, "metric": metric, "benchmark": bench,
-                             "delta": c.delta, "low": c.low, "high": c.high, "p": c.p_value, "problems": c.problems,
-                             "method_runs": c.method_runs, "baseline_runs": c.baseline_runs, "eval_seeds": c.eval_seeds})
+                             "delta": c.delta, "low": c.low, "high": c.high, "p": c.p_value, "df": c.df,
+                             "problems": c.problems, "method_runs": c.method_runs, "baseline_runs": c.baseline_runs,
+                             "eval_seeds": c.eval_seeds, "run_variance_included": c.run_variance_included})
     frame = pd.DataFrame(rows)
     frame["p_holm"] = np.nan
     for metric, idx in frame.groupby("metric").groups.items():

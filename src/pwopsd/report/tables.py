@@ -211,6 +211,18 @@ def _signed(x: float, digits: int = 2) -> str:
     return f"${x:+.{digits}f}$"
 
 
+def _run_variance_note(frame, method_labels: dict[str, str]) -> str:
+    """The caption's warning for rows whose methods have one training run each: their interval and
+    p hold no training-seed variance (one run cannot estimate it)."""
+    single = frame[~frame["run_variance_included"].astype(bool)] if "run_variance_included" in frame else frame.iloc[:0]
+    if single.empty:
+        return ""
+    which = "every row" if len(single) == len(frame) else "rows of " + ", ".join(
+        method_labels.get(m, m) for m in dict.fromkeys(single["method"]))
+    return (f" In {which} each method has one training run: neither the interval nor $p$ includes training-seed "
+            "variance (\\texttt{python -m pwopsd.power} tells how many runs a gain needs).")
+
+
 def significance_table(frame, *, metric_labels: dict[str, str], method_labels: dict[str, str], model_labels: dict[str, str],
                        benchmark_labels: dict[str, str], level: float, n: int, label: str, alpha: float = 0.05) -> str:
     """Each method against the baseline (:func:`pwopsd.report.significance.significance_frame`): per
@@ -239,8 +251,8 @@ def significance_table(frame, *, metric_labels: dict[str, str], method_labels: d
                     cells.append(f"{delta} {{\\scriptsize [{r['low']:.2f}, {r['high']:.2f}] $p$={r['p_holm']:.2g}}}")
                 body.append(f"{metric_labels.get(metric, metric)}@{n} & {model_labels.get(model, model)} & "
                             f"{method_labels.get(method, method)} & " + " & ".join(cells) + " \\\\")
-    caption = (f"Each method minus {baseline}, in points, paired by problem: {int(level * 100)}\\% interval of a "
-               "hierarchical bootstrap (problems as clusters; training runs when a method has several) and the "
-               "two-sided sign-flip permutation $p$ over problems, Holm-adjusted over each metric's comparisons; bold: "
-               f"adjusted $p < {alpha}$.")
+    caption = (f"Each method minus {baseline}, in points, paired by problem: {int(level * 100)}\\% interval and "
+               "two-sided $p$ of one mixed model (problems paired; a method's effect per problem and a training run's "
+               "level random; Satterthwaite degrees of freedom), $p$ Holm-adjusted over each metric's comparisons; bold: "
+               f"adjusted $p < {alpha}$." + _run_variance_note(frame, method_labels))
     return _wrap(body, caption, label, "lll" + "c" * len(benchmarks), resize=True)
