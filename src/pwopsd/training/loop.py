@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -271,22 +272,32 @@ class Trainer:
     def resume(self) -> bool:
         from peft import set_peft_model_state_dict
 
+        # A kill inside a checkpoint write leaves its temporary folder (atomic_path), never a step-*
+        # folder: it is never read, and is removed here.
+        if self.rank == 0:
+            for partial in self.work_dir.glob(".step-*.tmp"):
+                shutil.rmtree(partial, ignore_errors=True)
         ckpt = latest_checkpoint(self.work_dir)
-        if ckpt is None:
-            return False
-        state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-        set_peft_model_state_dict(self.model, state["adapter"])
-        self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
-        _set_rng_state(state["rng"])
-        self.step = int(state["step"])
-        # Steps logged after this checkpoint are redone: drop them from the log.
+        if ckpt is not None:
+            state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+            set_peft_model_state_dict(self.model, state["adapter"])
+            self.opt.load_state_dict(state["optimizer"])
+            self.sched.load_state_dict(state["scheduler"])
+            _set_rng_state(state["rng"])
+            self.step = int(state["step"])
+            log.info("resumed from %s (step %d)", ckpt, self.step)
+        # Steps logged after the checkpoint (every step, without one) are redone: drop them from the
+        # log, and a line that a kill cut short (it has no newline yet). Rewritten atomically, so a
+        # kill here loses nothing.
         log_path = self.work_dir / "train_log.jsonl"
-        if log_path.exists():
-            kept = [ln for ln in log_path.read_text().splitlines() if ln and json.loads(ln)["step"] <= self.step]
-            log_path.write_text("".join(ln + "\n" for ln in kept))
-        log.info("resumed from %s (step %d)", ckpt, self.step)
-        return True
+        if self.rank == 0 and log_path.exists():
+            text = log_path.read_text()
+            lines = text.splitlines()[: text.count("\n")]
+            kept = [ln for ln in lines if ln and json.loads(ln)["step"] <= self.step]
+            if kept != lines or not text.endswith("\n") and text:
+                with atomic_path(log_path) as tmp:
+                    tmp.write_text("".join(ln + "\n" for ln in kept))
+        return ckpt is not None
 
     # -- one optimizer step ------------------------------------------------------------------
     def batch_indices(self, step: int) -> list[int]:
