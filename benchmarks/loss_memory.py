@@ -25,7 +25,7 @@ def measure(args) -> dict:
 
     from pwopsd.training import chunked as C
     from pwopsd.training import losses as L
-    from pwopsd.config import loss_keywords
+    from pwopsd.training.registry import loss_keywords
 
     torch.manual_seed(0)
     dev = torch.device(args.device)

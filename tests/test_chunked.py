@@ -5,7 +5,7 @@ import torch
 
 from pwopsd.training import chunked as C
 from pwopsd.training import losses as L
-from pwopsd.config import loss_keywords as kw
+from pwopsd.training.registry import loss_keywords as kw
 
 
 def setup(seed=0, B=3, T=9, H=8, V=23):

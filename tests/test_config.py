@@ -196,7 +196,8 @@ def test_loss_functions_take_every_setting_from_the_config():
 
     from pwopsd.training import chunked as C
     from pwopsd.training import losses as L
-    from pwopsd.config import load_schema, loss_keywords, schema_defaults
+    from pwopsd.config import load_schema, schema_defaults
+    from pwopsd.training.registry import loss_keywords
 
     for loss, ref, chunked in (("opsd", L.opsd_loss, C.opsd_loss_chunked), ("pwopsd", L.pwopsd_loss, C.pwopsd_loss_chunked),
                                ("eopd", L.eopd_loss, C.eopd_loss_chunked), ("reopold", L.reopold_loss, C.reopold_loss_chunked)):
@@ -346,3 +347,19 @@ def test_snakemake_command_line_overrides_are_typed(tmp_path):
     bad = subprocess.run(base + ["--config", "evaluation={n: three}"], capture_output=True, text=True, cwd=REPO)
     out = bad.stdout + bad.stderr
     assert bad.returncode != 0 and "evaluation.n: 'three' is not of type 'integer'" in out and "Traceback" not in out, out
+
+
+def test_the_config_package_imports_nothing_above_it():
+    """pwopsd.config is read by every other part of the package; it imports none of them (the loss
+    registry reads the schema's defaults from here, not the other way round)."""
+    import ast
+    from pathlib import Path
+
+    import pwopsd.config
+
+    for path in Path(pwopsd.config.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            upward = [n for n in names if n.startswith("pwopsd") and not n.startswith("pwopsd.config")]
+            assert not upward, f"{path.name} imports {upward}"

@@ -9,7 +9,8 @@ import torch
 
 from pathlib import Path
 
-from pwopsd.config import load_config, loss_keywords
+from pwopsd.config import load_config
+from pwopsd.training.registry import loss_keywords
 from pwopsd.training.losses import (
     eopd_loss,
     gkd_loss,

@@ -86,6 +86,36 @@ def test_three_training_seeds_give_three_chains_per_table_2_method():
     assert trained == {("qwen3_4b", run) for m in methods for run in (m, f"{m}-seed1", f"{m}-seed2")}
 
 
+def test_a_checkpoint_sweep_of_table_2_adds_evaluations_and_no_training(capsys):
+    """config/sweep.yaml (evaluation.sweep_steps: every saved step besides 100): each of Table 2's
+    runs is also merged, generated (3 eval seeds) and graded at 5 more steps, from the adapters its
+    training saved, and the base model (the figure's reference line; evaluated anyway in a full
+    run); not one training job more. The cost plan prices the sweep."""
+    from pwopsd import cost
+
+    plain = job_counts(run_snakemake(["-n", "results/tables/main_4b.tex"]).stdout)
+    proc = run_snakemake(["-n", "results/tables/main_4b.tex", "results/tables/sweep_main_4b.tex", "--configfile", "config/sweep.yaml"])
+    out = proc.stdout + proc.stderr
+    swept = job_counts(out)
+    assert swept["train"] == plain["train"] == 5 and swept["merge_adapter"] == plain["merge_adapter"]
+    assert swept["step_adapter"] == swept["merge_step_adapter"] == 5 * 5 and swept["sweep"] == 1
+    assert swept["generate"] == plain["generate"] + 5 * 5 * 3 + 3 and swept["grade"] == plain["grade"] + 5 * 5 * 3 + 3
+    steps = set(re.findall(r"wildcards: model=qwen3_4b, method=(\w+), step=(\d+)", out))
+    assert steps == {(m, s) for m in ("opsd", "eopd", "reopold", "pwopsd_moderate", "pwopsd_aggressive")
+                     for s in ("25", "50", "75", "125", "150")}
+    def priced():
+        text = capsys.readouterr().out
+        generate = re.search(r"^generate\s+(\d+)\s+\d+\s+[\d.]+\s+([\d.]+)", text, re.M)
+        return float(re.search(r"^total\s+\d+\s+([\d.]+)$", text, re.M).group(1)), int(generate.group(1)), float(generate.group(2))
+
+    cost.main(["--all", "results/tables/main_4b.tex"])
+    table_total, table_jobs, table_generate = priced()
+    cost.main(["--all", "--configfile", "config/sweep.yaml", "results/tables/main_4b.tex", "results/tables/sweep_main_4b.tex"])
+    sweep_total, sweep_jobs, sweep_generate = priced()
+    assert sweep_jobs == table_jobs + 78 and sweep_generate / sweep_jobs == pytest.approx(table_generate / table_jobs, rel=0.01)
+    assert sweep_total - table_total == pytest.approx(sweep_generate - table_generate, abs=0.2)  # the generations, nothing else
+
+
 def test_the_smoke_canary_plans_every_rule_of_the_paper_dag_at_the_smallest_sizes(capsys):
     """config/smoke.yaml (README, "Before the full run"): the same rules as the full paper DAG, with
     2-step trainings evaluated at step 2, two samples and two seeds a checkpoint, a few problems a
@@ -393,6 +423,37 @@ def test_new_diagnostic_labels_retrain_only_the_fitted_schedule(tiny_run, tmp_pa
 
 
 @pytest.mark.workflow
+def test_tiny_run_sweeps_table_2_at_a_saved_step_without_training_again(tiny_run):
+    """Beyond the paper (tiny: evaluation.sweep_steps [8]): Table 2's runs at step 8 and the
+    evaluation step 16, from the checkpoints training saved; at step 16 the sweep's numbers are the
+    significance table's and the main table's; a wider sweep plans no training job."""
+    workdir, _ = tiny_run
+    sweep = pd.read_csv(workdir / "results/tables/sweep_main_4b.csv")
+    methods = {"opsd", "eopd", "reopold", "pwopsd_moderate", "pwopsd_aggressive"}
+    assert set(sweep["method"]) == methods and set(sweep["step"]) == {8, 16}
+    assert set(sweep.loc[sweep["eval_step"], "step"]) == {16}
+    sig = pd.read_csv(workdir / "results/tables/significance_main_4b.csv")
+    at_eval = sweep[(sweep["step"] == 16) & sweep["delta"].notna()].merge(sig, on=["method", "metric", "benchmark"])
+    assert len(at_eval) == len(sig) and np.allclose(at_eval["delta_x"], at_eval["delta_y"], atol=1e-4)
+    table = pd.read_csv(workdir / "results/tables/main_4b.csv").rename(columns={"checkpoint": "method"})
+    cells = sweep[sweep["step"] == 16].merge(table, on=["method", "metric", "benchmark"])
+    assert len(cells) > 0 and np.allclose(cells["value"], cells["mean"], atol=0.01)
+    mean = sweep[(sweep["metric"] == "avg") & (sweep["benchmark"] == "mean")]
+    assert sorted(mean.loc[mean["step"] == 8, "rank"]) == sorted(mean.loc[mean["step"] == 16, "rank"])
+    assert mean["best_step"].isin([8, 16]).all() and mean["rank_holds"].isin([True, False]).all()
+    assert "step 16$^{*}$" in (workdir / "results/tables/sweep_main_4b.tex").read_text()
+    assert (workdir / "results/figures/sweep_main_4b.pdf").read_bytes()[:5] == b"%PDF-"
+    assert "## Published differences across the checkpoint sweep" in (workdir / "results/report/reproduction.md").read_text()
+    for run in ("opsd", "opsd-seed43", "reopold"):
+        adapter = workdir / f"results/training/tiny_qwen3/{run}-step8/adapter/adapter_model.safetensors"
+        saved = next((workdir / f"results/training/tiny_qwen3/{run}/checkpoints").glob("*/step-000008/adapter_model.safetensors"))
+        assert adapter.read_bytes() == saved.read_bytes()
+    proc = run_snakemake(["-n", "--directory", str(workdir), "--config", "evaluation={sweep_steps: [8], sweep_tables: [main, schedules]}"])
+    planned = job_counts(proc.stdout + proc.stderr)
+    assert "train" not in planned and planned["step_adapter"] == 3 and planned["sweep"] == 1, planned  # Mild, Sharp, Fitted
+
+
+@pytest.mark.workflow
 def test_tiny_run_records_provenance_and_a_reproduction_report(tiny_run):
     from pwopsd.io import sha256_file
 
@@ -424,7 +485,7 @@ def test_tiny_html_report_shows_every_table_and_figure(tiny_run):
     expected += [f"results/figures/{f}.pdf" for f in ("branch_auroc", "branch_auroc_scatter", "pwopsd_schedules",
                                                       "training_curves_tiny_qwen3")]
     expected += ["results/report/reproduction.md", "results/report/reproduction.pdf", "results/tables/significance_main_4b.tex",
-                 "results/figures/deltas_main_4b.pdf"]
+                 "results/figures/deltas_main_4b.pdf", "results/tables/sweep_main_4b.tex", "results/figures/sweep_main_4b.pdf"]
     assert set(expected) <= set(results), set(expected) - set(results)
     for path in expected:
         entry = results[path]

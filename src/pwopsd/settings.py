@@ -157,18 +157,36 @@ def table_spec(cfg: dict, wc) -> dict:
             "n": cfg["evaluation"]["n"], "models": tables[kind].get("models") or list(cfg["models"])}
 
 
-def significance_spec(cfg: dict, wc) -> dict:
-    """What rule ``significance`` computes for one table output: its comparisons, benchmarks,
-    metrics, test settings and the labels of its rendering."""
+def _comparison_spec(cfg: dict, comparisons: list) -> dict:
+    """What a comparison of a table's methods with the baseline reads and renders (significance and
+    sweep): the comparisons, benchmarks, metrics, level, each method's runs and the labels."""
     sig, tables = cfg["significance"], cfg["tables"]
     methods = cfg.get("methods", {})
-    comparisons = C.significance_comparisons(cfg)[wc.table]
     names = {n for _, me, base in comparisons for n in (me, base)}
     return {"comparisons": [list(c) for c in comparisons], "benchmarks": benchmarks(cfg),
             "metrics": list(sig["metrics"]), "level": sig["level"], "n": cfg["evaluation"]["n"],
             "method_labels": {n: methods[n].get("label", n) for n in sorted(names)},
             "runs": {n: C.method_runs(cfg, n) for n in sorted(names)},
             "benchmark_labels": tables.get("benchmark_labels", {}), "model_labels": tables.get("model_labels", {})}
+
+
+def significance_spec(cfg: dict, wc) -> dict:
+    """What rule ``significance`` computes for one table output: its comparisons, benchmarks,
+    metrics, test settings and the labels of its rendering."""
+    return _comparison_spec(cfg, C.significance_comparisons(cfg)[wc.table])
+
+
+def sweep_spec(cfg: dict, wc) -> dict:
+    """What rule ``sweep`` computes for one table output: :func:`significance_spec`'s settings for
+    the table's comparisons, the swept steps and the evaluation step."""
+    kind = C.sweep_outputs(cfg)[wc.table]
+    return {**_comparison_spec(cfg, C.table_comparisons(cfg, kind)), "steps": C.sweep_steps(cfg),
+            "eval_step": int(cfg["training"]["eval_step"])}
+
+
+def checkpoint_step(cfg: dict, wc) -> int:
+    """The training step of a merged checkpoint: a sweep checkpoint's own step (``<run>-step<N>``)."""
+    return int(wc.step)
 
 
 def schedules(cfg: dict, wc=None) -> dict[str, dict[str, Any]]:

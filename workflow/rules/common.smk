@@ -85,6 +85,7 @@ DIAGNOSTIC_MODEL = cfgmod.diagnostic_model(config)  # Table 1 and Figure 1
 FITTED_METHODS = cfgmod.fitted_methods(config)
 TABLE_OUTPUTS = cfgmod.table_outputs(config)
 SIGNIFICANCE_OUTPUTS = list(cfgmod.significance_comparisons(config))
+SWEEP_OUTPUTS = list(cfgmod.sweep_outputs(config))  # beyond the paper: evaluation.sweep_steps
 # A generate job per seed (its {seed} wildcard) or one for every seed of a checkpoint.
 if settings.seeds_per_job(config) == "one":
     GENERATION_SEEDS, GENERATION_SEED_NAME = ["{seed}"], "{seed}"
@@ -177,6 +178,12 @@ def significance_metrics(wildcards):
     return seed_metrics(cfgmod.significance_runs(config, wildcards.table))
 
 
+def sweep_metrics(wildcards):
+    """A swept table's seed metrics: every run of its comparisons at every swept step, and the base model."""
+    checkpoints = cfgmod.sweep_checkpoints(config, wildcards.table)
+    return seed_metrics(checkpoints + [(checkpoints[0][0], "base")])
+
+
 def training_logs_of_model(wildcards):
     return [f"results/training/{wildcards.model}/{m}/train_log.jsonl" for m in settings.curve_runs(config, wildcards)]
 
@@ -184,6 +191,7 @@ def training_logs_of_model(wildcards):
 def all_tables_and_figures():
     files = [f"results/tables/{name}.tex" for name in TABLE_OUTPUTS]
     files += [f"results/tables/significance_{name}.tex" for name in SIGNIFICANCE_OUTPUTS]
+    files += [f"results/tables/sweep_{name}.tex" for name in SWEEP_OUTPUTS]
     if config.get("tables", {}).get("schedules"):
         files.append("results/figures/pwopsd_schedules.pdf")
     files += [f"results/figures/training_curves_{m}.pdf" for m in dict.fromkeys(mo for mo, _ in runs_in_tables())]
@@ -200,6 +208,7 @@ def reproduction_inputs(wildcards):
     if DIAGNOSTIC_MODEL:
         files["branch"] = f"results/diagnostic/{DIAGNOSTIC_MODEL}/branch_auroc.json"
     files["significance"] = [f"results/tables/significance_{name}.csv" for name in SIGNIFICANCE_OUTPUTS]
+    files["sweep"] = [f"results/tables/sweep_{name}.csv" for name in SWEEP_OUTPUTS]
     return files
 
 

@@ -47,6 +47,30 @@ rule significance:
         "../scripts/significance.py"
 
 
+rule sweep:
+    # Beyond the paper (evaluation.sweep_steps): each method of a table at every swept step.
+    input:
+        metrics=sweep_metrics,
+    output:
+        tex=report("results/tables/sweep_{table}.tex", caption="../report/sweep.rst", category="Tables", labels={"table": "sweep {table}", "format": "LaTeX"}),
+        csv="results/tables/sweep_{table}.csv",
+        pdf=report("results/figures/sweep_{table}.pdf", caption="../report/sweep.rst", category="Figures", labels={"figure": "sweep {table}"}),
+        figure_csv="results/figures/sweep_{table}.csv",
+        provenance="results/tables/sweep_{table}.provenance.json",
+    wildcard_constraints:
+        table=_alternatives(SWEEP_OUTPUTS),
+    params:
+        spec=config_param(settings.sweep_spec),
+    log:
+        "logs/tables/sweep_{table}.log",
+    benchmark:
+        "logs/benchmarks/tables/sweep_{table}.tsv"
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/sweep.py"
+
+
 rule schedules_figure:
     input:
         unpack(schedules_figure_inputs),

@@ -55,6 +55,49 @@ rule merge_adapter:
         "../scripts/merge_adapter.py"
 
 
+# Beyond the paper (evaluation.sweep_steps): a run's adapter at another saved step, merged and then
+# generated and graded as any checkpoint (<run>-step<N>); training is never run again for it.
+
+
+rule step_adapter:
+    input:
+        adapter="results/training/{model}/{method}/adapter",
+    output:
+        adapter=directory("results/training/{model}/{method}-step{step}/adapter"),
+    wildcard_constraints:
+        step=r"\d+",
+    params:
+        checkpoints=config_param(settings.checkpoint_root),
+        eval_step=config_param(settings.eval_step),
+    log:
+        "logs/step_adapter/{model}/{method}-step{step}.log",
+    benchmark:
+        "logs/benchmarks/step_adapter/{model}/{method}-step{step}.tsv"
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/step_adapter.py"
+
+
+use rule merge_adapter as merge_step_adapter with:
+    input:
+        model="results/models/{model}/base.json",
+        adapter="results/training/{model}/{method}-step{step}/adapter",
+    output:
+        merged=directory("results/models/{model}/{method}-step{step}/merged"),
+        manifest="results/models/{model}/{method}-step{step}/manifest.json",
+    wildcard_constraints:
+        step=r"\d+",
+    params:
+        dtype=config_param(settings.dtype),
+        eval_step=config_param(settings.eval_step),
+        step=config_param(settings.checkpoint_step),
+    log:
+        "logs/merge_adapter/{model}/{method}-step{step}.log",
+    benchmark:
+        "logs/benchmarks/merge_adapter/{model}/{method}-step{step}.tsv"
+
+
 rule training_curves:
     input:
         logs=training_logs_of_model,

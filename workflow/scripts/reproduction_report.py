@@ -4,7 +4,8 @@ import pandas as pd
 
 from pwopsd.io import atomic_path, read_json
 from pwopsd.report.reproduction import (compare, comparison_figure, delta_verdicts, load_reference, render_delta_verdicts,
-                                        render_markdown, reproduced_values)
+                                        render_markdown, render_sweep_agreement, reproduced_values)
+from pwopsd.report.sweep import sign_agreement
 from pwopsd.runtime import setup_logging, write_job_provenance
 from pwopsd.standalone import standalone_snakemake
 
@@ -28,8 +29,13 @@ def main(snakemake):
     verdicts = delta_verdicts(load_reference(snakemake.input.reference),
                               pd.concat(significance, ignore_index=True) if significance else pd.DataFrame(
                                   columns=["model", "method", "baseline", "benchmark", "metric"]))
+    text = render_markdown(comparison, reproduced, title_note=note) + "\n" + render_delta_verdicts(verdicts)
+    if snakemake.input.get("sweep"):  # evaluation.sweep_steps
+        sweep = pd.concat([pd.read_csv(p) for p in snakemake.input.sweep], ignore_index=True)
+        text += "\n" + render_sweep_agreement(sign_agreement(verdicts, sweep), sorted(sweep["step"].unique()),
+                                               int(sweep.loc[sweep["eval_step"], "step"].iloc[0]))
     with atomic_path(snakemake.output.markdown) as tmp:
-        tmp.write_text(render_markdown(comparison, reproduced, title_note=note) + "\n" + render_delta_verdicts(verdicts))
+        tmp.write_text(text)
     with atomic_path(snakemake.output.csv) as tmp:
         comparison.to_csv(tmp, index=False, float_format="%.6f")
     comparison_figure(comparison, reproduced, snakemake.output.pdf, snakemake.output.figure_csv)

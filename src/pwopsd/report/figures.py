@@ -269,3 +269,30 @@ def deltas_figure(frame: pd.DataFrame, *, labels: dict[str, str], benchmark_labe
     fig.suptitle(f"Difference to {baseline}, paired by problem")
     save_figure(fig, data.drop(columns=["row"]), pdf_path, csv_path)
     return data
+
+
+def sweep_figure(frame: pd.DataFrame, *, labels: dict[str, str], pdf_path: str | Path, csv_path: str | Path,
+                 metric: str = "avg", benchmark: str = "mean", base_value: float | None = None) -> pd.DataFrame:
+    """The checkpoint sweep (:func:`pwopsd.report.sweep.sweep_frame`): ``metric`` of the
+    ``benchmark`` column against the training step, one line per method with its interval, the
+    evaluation step marked; ``base_value``: the base model's value, drawn at step 0."""
+    plt = _pyplot()
+    data = frame[(frame["metric"] == metric) & (frame["benchmark"] == benchmark)].sort_values(["method", "step"])
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    methods = list(dict.fromkeys(frame["method"]))
+    for k, method in enumerate(methods):
+        part = data[data["method"] == method]
+        gap = np.diff(np.unique(data["step"])).min(initial=1) if data["step"].nunique() > 1 else 1
+        x = part["step"].to_numpy() + (k - (len(methods) - 1) / 2) * 0.06 * gap  # side by side at each step
+        ax.errorbar(x, part["value"], yerr=[part["value"] - part["low"], part["high"] - part["value"]], marker="o", ms=4,
+                    capsize=2, lw=1.2, color=f"C{k}", label=labels.get(method, method))
+    if base_value is not None:
+        ax.axhline(base_value, color="0.5", lw=0.8, ls=":", label="base model")
+    eval_step = int(data.loc[data["eval_step"].astype(bool), "step"].iloc[0])
+    ax.axvline(eval_step, color="k", lw=0.8, ls="--")
+    ax.set_xticks(sorted(data["step"].unique()))
+    ax.set_xlabel("training step (dashed: the tables' evaluation step)")
+    ax.set_ylabel(f"{metric.capitalize()} of the {'mean column' if benchmark == 'mean' else benchmark} (%)")
+    ax.legend(fontsize=7, ncol=2)
+    save_figure(fig, data, pdf_path, csv_path)
+    return data

@@ -214,12 +214,32 @@ def render_delta_verdicts(verdicts: pd.DataFrame) -> str:
         return "\n".join(lines + ["No published difference corresponds to a configured comparison (other models or "
                                   "benchmarks); the significance tables give the reproduced ones.", ""]) + "\n"
     lines += [f"{int(verdicts['holds_paper_delta'].sum())} of {len(verdicts)} reproduced intervals hold the paper's "
-              f"difference; {int(verdicts['excludes_zero'].sum())} exclude 0 (paired by problem, 95% hierarchical "
-              "bootstrap; docs/decisions.md, \"Beyond the paper: is a gain larger than the noise?\").", "",
+              f"difference; {int(verdicts['excludes_zero'].sum())} exclude 0 (paired by problem, 95% interval of the "
+              "significance tables' mixed model; docs/decisions.md, \"Beyond the paper: is a gain larger than the "
+              "noise?\").", "",
               "| model | method | baseline | benchmark | metric | paper Δ | reproduced Δ [interval] | Holm p | holds paper Δ | excludes 0 |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in verdicts.iterrows():
         lines.append(f"| {r['model']} | {r['method']} | {r['baseline']} | {r['benchmark']} | {r['metric']} | {r['paper_delta']:+.2f} "
                      f"| {r['delta']:+.2f} [{r['low']:.2f}, {r['high']:.2f}] | {r['p_holm']:.2g} | "
                      f"{'yes' if r['holds_paper_delta'] else '**no**'} | {'yes' if r['excludes_zero'] else 'no'} |")
+    return "\n".join(lines + [""]) + "\n"
+
+
+def render_sweep_agreement(agreement: pd.DataFrame, steps: list[int], eval_step: int) -> str:
+    """The reproduction report's section on the checkpoint sweep (markdown): for each published
+    difference, the swept steps at which the reproduced one has the paper's sign
+    (:func:`pwopsd.report.sweep.sign_agreement`)."""
+    lines = ["## Published differences across the checkpoint sweep", ""]
+    if agreement.empty:
+        return "\n".join(lines + [f"The sweep (steps {', '.join(map(str, steps))}) covers no published difference.", ""]) + "\n"
+    every = agreement["other_sign_steps"].map(len) == 0
+    lines += [f"Swept steps {', '.join(map(str, steps))} (the tables evaluate step {eval_step}): {int(every.sum())} of "
+              f"{len(agreement)} published differences keep the paper's sign at every swept step.", "",
+              "| model | method | baseline | benchmark | metric | paper Δ | same sign at steps | other sign at steps |",
+              "|---|---|---|---|---|---|---|---|"]
+    for _, r in agreement.iterrows():
+        lines.append(f"| {r['model']} | {r['method']} | {r['baseline']} | {r['benchmark']} | {r['metric']} | "
+                     f"{r['paper_delta']:+.2f} | {', '.join(map(str, r['same_sign_steps'])) or '-'} | "
+                     f"{', '.join(map(str, r['other_sign_steps'])) or '-'} |")
     return "\n".join(lines + [""]) + "\n"

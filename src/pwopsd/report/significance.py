@@ -156,30 +156,31 @@ def mixed_model_fit(strata: Sequence[tuple]) -> MixedModelFit:
     """The model of the module docstring for the mean over strata (benchmarks, equal weights) of
     each stratum's :func:`paired_delta`. ``strata``: ``(method, baseline)`` score arrays; a run is
     the same model on every benchmark, so every stratum must list the same runs in the same order
-    (one run level ``v`` per run, shared by the strata)."""
-    pairs = [(_scores(m).mean(axis=2), _scores(b).mean(axis=2)) for m, b in strata]  # [P, R]
-    runs = (pairs[0][0].shape[1], pairs[0][1].shape[1])
-    for m, b in pairs:
-        if m.shape[0] != b.shape[0]:
+    (one run level ``v`` per run, shared by the strata). A baseline of ``None`` fits the method's
+    own mean score (its interval, as a sweep plots it)."""
+    pairs = [(_scores(m).mean(axis=2), None if b is None else _scores(b).mean(axis=2)) for m, b in strata]  # [P, R]
+    runs = [(m.shape[1], None if b is None else b.shape[1]) for m, b in pairs]
+    for (m, b), r in zip(pairs, runs):
+        if b is not None and m.shape[0] != b.shape[0]:
             raise ValueError(f"paired by problem: {m.shape[0]} problems against {b.shape[0]}")
-        if (m.shape[1], b.shape[1]) != runs:
+        if r != runs[0]:
             raise ValueError("every stratum needs the same training runs")
         if m.shape[0] < 2:
             raise ValueError("a benchmark needs at least 2 problems for the spread of its differences")
     n = len(pairs)
     weights = np.concatenate([np.full(m.shape[0], 1.0 / (n * m.shape[0])) for m, _ in pairs])  # per problem
-    diffs = [m.mean(axis=1) - b.mean(axis=1) for m, b in pairs]
+    diffs = [m.mean(axis=1) - (0.0 if b is None else b.mean(axis=1)) for m, b in pairs]
     delta = float(sum(d.mean() for d in diffs) / n)
     # Q: the spread of the per-problem differences within each benchmark (one mean square each).
     terms = [(1.0 / (n * n * d.size), float(d.var(ddof=1)), d.size - 1.0) for d in diffs]
-    # sigma_run^2 from each method with >= 2 runs: var of run means minus the problem-by-run noise in them.
+    # sigma_run^2 from each side with >= 2 runs: var of run means minus the problem-by-run noise in them.
     sum_w2 = float((weights ** 2).sum())
     run_parts = []
     for side in (0, 1):
+        if pairs[0][side] is None or pairs[0][side].shape[1] < 2:
+            continue
         y = np.concatenate([pair[side] for pair in pairs], axis=0)  # [all problems, runs]
         r = y.shape[1]
-        if r < 2:
-            continue
         run_means = weights @ y
         per_problem = y.var(axis=1, ddof=1)
         run_parts.append((r - 1.0, [(1.0, float(run_means.var(ddof=1)), r - 1.0)]
@@ -191,7 +192,7 @@ def mixed_model_fit(strata: Sequence[tuple]) -> MixedModelFit:
         run_terms = [(c * df * scale, ms, d) for df, part in run_parts for c, ms, d in part]
         run_variance = sum(c * ms for c, ms, _ in run_terms)
         if run_variance > 0:  # at the boundary (<= 0) the run term is 0 and adds no degrees of freedom
-            factor = 1.0 / runs[0] + 1.0 / runs[1]
+            factor = sum(1.0 / r for r in runs[0] if r)
             terms += [(c * factor, ms, d) for c, ms, d in run_terms]
         run_variance = max(0.0, run_variance)
     variance, df = _satterthwaite(terms)
@@ -239,7 +240,8 @@ def compare(method, baseline, *, level: float = 0.95, scale: float = 100.0) -> C
 
 
 def compare_strata(strata: Sequence[tuple], *, level: float = 0.95, scale: float = 100.0) -> Comparison:
-    """:func:`compare` for the mean over strata (benchmarks, equal weights) of the per-stratum deltas."""
+    """:func:`compare` for the mean over strata (benchmarks, equal weights) of the per-stratum deltas
+    (baselines ``None``: the method's own mean and its interval, tested against 0)."""
     fit = mixed_model_fit(strata)
     se = math.sqrt(fit.variance)
     if se > 0:
@@ -247,11 +249,11 @@ def compare_strata(strata: Sequence[tuple], *, level: float = 0.95, scale: float
         p = t_two_sided_p(fit.delta / se, fit.df)
     else:  # no spread at all: every problem and run differs by exactly delta
         half, p = 0.0, (1.0 if fit.delta == 0 else 0.0)
-    shapes = [(_scores(m).shape, _scores(b).shape) for m, b in strata]
+    shapes = [(_scores(m).shape, _scores(b if b is not None else m).shape) for m, b in strata]
     return Comparison(delta=fit.delta * scale, low=(fit.delta - half) * scale, high=(fit.delta + half) * scale,
                       p_value=p, df=fit.df, problems=sum(m[0] for m, _ in shapes), method_runs=shapes[0][0][1],
-                      baseline_runs=shapes[0][1][1], eval_seeds=min(min(m[2], b[2]) for m, b in shapes),
-                      run_variance_included=fit.run_variance is not None)
+                      baseline_runs=0 if strata[0][1] is None else shapes[0][1][1],
+                      eval_seeds=min(min(m[2], b[2]) for m, b in shapes), run_variance_included=fit.run_variance is not None)
 
 
 # -- from the per-seed metrics files of the evaluation (results/metrics/<model>/<ckpt>/<bench>/seed-<s>.json)

@@ -256,3 +256,38 @@ def significance_table(frame, *, metric_labels: dict[str, str], method_labels: d
                "level random; Satterthwaite degrees of freedom), $p$ Holm-adjusted over each metric's comparisons; bold: "
                f"adjusted $p < {alpha}$." + _run_variance_note(frame, method_labels))
     return _wrap(body, caption, label, "lll" + "c" * len(benchmarks), resize=True)
+
+
+def sweep_table(frame, *, method_labels: dict[str, str], level: float, n: int, label: str, metric: str = "avg",
+                benchmark: str = "mean", alpha: float = 0.05) -> str:
+    """The checkpoint sweep of one table (:func:`pwopsd.report.sweep.sweep_frame`): per method a row,
+    per swept step the ``metric`` of the ``benchmark`` column (default the mean column) with the
+    difference to the baseline (bold where its Holm-adjusted p is below ``alpha``), then the best
+    step and whether the rank at the evaluation step holds at every step."""
+    data = frame[(frame["metric"] == metric) & (frame["benchmark"] == benchmark)]
+    steps = sorted(data["step"].unique())
+    eval_step = int(data.loc[data["eval_step"].astype(bool), "step"].iloc[0])
+    head = " & ".join(["Method"] + [f"step {s}" + ("$^{*}$" if s == eval_step else "") for s in steps]
+                      + ["best step", "rank holds"]) + " \\\\"
+    body = [head, "\\midrule"]
+    for method in dict.fromkeys(data["method"]):
+        rows = data[data["method"] == method].set_index("step")
+        cells = []
+        for s in steps:
+            r = rows.loc[s]
+            cell = f"{r['value']:.1f} ({int(r['rank'])})"
+            if not pd.isna(r["delta"]):
+                delta = _signed(r["delta"], 1)
+                cell += " " + (f"\\textbf{{{delta}}}" if r["p_holm"] < alpha else delta)
+            cells.append(cell)
+        first = rows.iloc[0]
+        cells += [str(int(first["best_step"])), "yes" if first["rank_holds"] else "no"]
+        body.append(f"{method_labels.get(method, method)} & " + " & ".join(cells) + " \\\\")
+    baseline = method_labels.get(data["baseline"].iloc[0], data["baseline"].iloc[0])
+    column = "the mean column" if benchmark == "mean" else benchmark
+    caption = (f"Checkpoint sweep: {METRIC_HEADERS.get(metric, metric).format(n=n)} of {column} at each saved step "
+               f"($^{{*}}$: the evaluation step of the tables), the method's rank among the table's methods in "
+               f"parentheses, and the difference to {baseline} in points (bold: Holm-adjusted $p < {alpha}$ over every "
+               f"step and method; {int(level * 100)}\\% intervals in the CSV); best step and whether the rank at the "
+               "evaluation step holds at every step." + _run_variance_note(data.dropna(subset=["delta"]), method_labels))
+    return _wrap(body, caption, label, "l" + "c" * (len(steps) + 2), resize=True)

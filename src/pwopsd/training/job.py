@@ -196,14 +196,45 @@ def export(work_dir: Path, eval_step: int, adapter_out: str, log_out: str, last_
     ckpt = work_dir / f"step-{eval_step:06d}"
     if not (ckpt / "trainer_state.pt").exists():
         raise FileNotFoundError(f"no checkpoint at the evaluation step {eval_step} in {work_dir}")
-    with atomic_path(adapter_out) as tmp:
-        tmp.mkdir()
-        for f in ckpt.iterdir():
-            if f.name != "trainer_state.pt":
-                shutil.copy2(f, tmp / f.name)
+    _export_adapter(ckpt, adapter_out)
     lines = (work_dir / "train_log.jsonl").read_text().splitlines()
     with atomic_path(log_out) as tmp:
         tmp.write_text("".join(ln + "\n" for ln in lines if ln and json.loads(ln)["step"] <= last_step))
+
+
+def _adapter_files(step_dir: Path) -> list[Path]:
+    """A saved step's adapter: every file of its folder but the trainer state (and hidden files, such as
+    the time stamp Snakemake leaves in a ``directory()`` output)."""
+    return sorted(f for f in Path(step_dir).iterdir() if f.name != "trainer_state.pt" and not f.name.startswith("."))
+
+
+def _export_adapter(step_dir: Path, adapter_out: str | Path) -> None:
+    with atomic_path(adapter_out) as tmp:
+        tmp.mkdir()
+        for f in _adapter_files(step_dir):
+            shutil.copy2(f, tmp / f.name)
+
+
+def export_step(checkpoint_root: str | Path, exported: str | Path, eval_step: int, step: int, adapter_out: str | Path) -> Path:
+    """The adapter a finished run saved at ``step`` (a checkpoint sweep), without training again.
+
+    A run's checkpoint folders (one per run key) live under ``checkpoint_root``; the run's is found
+    by content: the folder whose evaluation-step adapter is, file for file, the ``exported`` one
+    (the train rule's output). A folder that was trained again or deleted since is never taken."""
+    from pwopsd.io import sha256_file
+
+    wanted = {f.name: sha256_file(f) for f in _adapter_files(Path(exported))}
+    for folder in sorted(p for p in Path(checkpoint_root).glob("*") if p.is_dir()):
+        at_eval = folder / f"step-{eval_step:06d}"
+        if at_eval.is_dir() and {f.name: sha256_file(f) for f in _adapter_files(at_eval)} == wanted:
+            source = folder / f"step-{step:06d}"
+            if not (source / "trainer_state.pt").exists():
+                raise FileNotFoundError(f"step {step} was not saved in {folder} (training.save_every, training.stop_at)")
+            _export_adapter(source, adapter_out)
+            return source
+    raise FileNotFoundError(f"no checkpoint folder under {checkpoint_root} holds the run's exported adapter {exported} "
+                            f"at step {eval_step}: its checkpoints were deleted or the run was trained again; rerun its "
+                            "training (snakemake -R train) to sweep it")
 
 
 def launch(args: dict, processes: int, args_path: str | Path, log_path: str | Path | None = None) -> None:

@@ -24,7 +24,7 @@ clip and global token mean:
   sigmoid of the teacher-student log-ratio (Jung et al. 2025).
 
 Every parameter is a required keyword: the defaults (the paper's settings) live only in the config
-schema (``pwopsd.config.loss_keywords`` returns them). ``upcast`` is not a config default but the
+schema (``pwopsd.training.registry.loss_keywords`` returns them). ``upcast`` is not a config default but the
 fp32 computation of the reference forms (the trainer passes ``training.opsd_upcast``).
 
 These forms materialize ``[B, T, V]`` tensors; the training path computes the same values in
