@@ -105,7 +105,11 @@ def test_the_paper_dry_run_has_the_diagnostic_to_fitted_schedule_chain():
 
 def test_generation_seeds_per_job(paper):
     assert settings.generation_seeds(paper, W(seed="2")) == {"2": 2}
-    assert settings.generation_seeds(paper, W()) == {"main": None, "1": 1, "2": 2}  # seeds_per_job: all (no wildcard)
+    # seeds_per_job: all (no seed wildcard): every seed of the checkpoint; a swept step's: evaluation.sweep_seeds
+    assert settings.generation_seeds(paper, W(checkpoint="opsd")) == {"main": None, "1": 1, "2": 2}
+    swept = {**paper, "evaluation": {**paper["evaluation"], "sweep_seeds": [1]}}
+    assert settings.generation_seeds(swept, W(checkpoint="opsd-step50")) == {"1": 1}
+    assert settings.generation_seeds(swept, W(checkpoint="opsd")) == {"main": None, "1": 1, "2": 2}
     assert settings.seeds_per_job(paper) == "one"
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pwopsd.config import ConfigError, merge_configs, read_yaml_strict, split_checkpoint, step_checkpoint, validate_config
+from pwopsd.config import ConfigError, checkpoint_seed_names, merge_configs, read_yaml_strict, split_checkpoint, step_checkpoint, validate_config
 from pwopsd.report.significance import holm, significance_frame
 from pwopsd.report.sweep import runs_at_step, sign_agreement, sweep_frame
 
@@ -110,6 +110,10 @@ def test_sweep_settings_are_checked_against_the_saved_steps_and_tables():
         validate_config(merge_configs(base, {"evaluation": {"sweep_steps": [50], "sweep_tables": ["main", "nope"]}}))
     with pytest.raises(ConfigError, match=r"sweep_steps.0: 30 is not a saved training step.*\n.*sweep_steps.1: 175"):
         validate_config(merge_configs(base, {"evaluation": {"sweep_steps": [30, 175]}}))
+    with pytest.raises(ConfigError, match=r"sweep_seeds.0: 7 is not one of evaluation.seeds"):
+        validate_config(merge_configs(base, {"evaluation": {"sweep_steps": [50], "sweep_seeds": [7]}}))
+    cfg = validate_config(merge_configs(base, {"evaluation": {"sweep_steps": [50], "sweep_seeds": [2, "main"]}}))
+    assert checkpoint_seed_names(cfg, "opsd-step50") == ["main", "2"] and checkpoint_seed_names(cfg, "opsd") == ["main", "1", "2"]
     no_ablation = {k: v for k, v in base["tables"].items() if k != "ablation"}
     with pytest.raises(ConfigError, match=r"sweep_tables.0: 'ablation' is not a configured table"):
         validate_config({**merge_configs(base, {"evaluation": {"sweep_steps": [50], "sweep_tables": ["ablation"]}}),

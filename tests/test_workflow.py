@@ -100,6 +100,9 @@ def test_a_checkpoint_sweep_of_table_2_adds_evaluations_and_no_training(capsys):
     assert swept["train"] == plain["train"] == 5 and swept["merge_adapter"] == plain["merge_adapter"]
     assert swept["step_adapter"] == swept["merge_step_adapter"] == 5 * 5 and swept["sweep"] == 1
     assert swept["generate"] == plain["generate"] + 5 * 5 * 3 + 3 and swept["grade"] == plain["grade"] + 5 * 5 * 3 + 3
+    cheaper = job_counts(run_snakemake(["-n", "results/tables/sweep_main_4b.tex", "--configfile", "config/sweep.yaml",
+                                        "--config", "evaluation={sweep_seeds: [1]}"]).stdout)
+    assert cheaper["generate"] == plain["generate"] + 5 * 5 + 3 and cheaper["train"] == 5  # one eval seed a swept step
     steps = set(re.findall(r"wildcards: model=qwen3_4b, method=(\w+), step=(\d+)", out))
     assert steps == {(m, s) for m in ("opsd", "eopd", "reopold", "pwopsd_moderate", "pwopsd_aggressive")
                      for s in ("25", "50", "75", "125", "150")}
@@ -424,7 +427,7 @@ def test_new_diagnostic_labels_retrain_only_the_fitted_schedule(tiny_run, tmp_pa
 
 @pytest.mark.workflow
 def test_tiny_run_sweeps_table_2_at_a_saved_step_without_training_again(tiny_run):
-    """Beyond the paper (tiny: evaluation.sweep_steps [8]): Table 2's runs at step 8 and the
+    """Beyond the paper (tiny: evaluation.sweep_steps [8], one eval seed): Table 2's runs at step 8 and the
     evaluation step 16, from the checkpoints training saved; at step 16 the sweep's numbers are the
     significance table's and the main table's; a wider sweep plans no training job."""
     workdir, _ = tiny_run
@@ -432,6 +435,7 @@ def test_tiny_run_sweeps_table_2_at_a_saved_step_without_training_again(tiny_run
     methods = {"opsd", "eopd", "reopold", "pwopsd_moderate", "pwopsd_aggressive"}
     assert set(sweep["method"]) == methods and set(sweep["step"]) == {8, 16}
     assert set(sweep.loc[sweep["eval_step"], "step"]) == {16}
+    assert set(sweep.loc[sweep["step"] == 8, "eval_seeds"]) == {1} and set(sweep.loc[sweep["step"] == 16, "eval_seeds"]) == {3}
     sig = pd.read_csv(workdir / "results/tables/significance_main_4b.csv")
     at_eval = sweep[(sweep["step"] == 16) & sweep["delta"].notna()].merge(sig, on=["method", "metric", "benchmark"])
     assert len(at_eval) == len(sig) and np.allclose(at_eval["delta_x"], at_eval["delta_y"], atol=1e-4)

@@ -66,8 +66,9 @@ def sampling(cfg: dict, wc) -> dict:
 
 def generation_seeds(cfg: dict, wc) -> dict[str, int | None]:
     """Seed name -> per-request seed of a generate job: its ``{seed}`` wildcard, or every
-    evaluation seed when ``evaluation.seeds_per_job`` is ``all`` (the job has no seed wildcard)."""
-    names = [wc.seed] if hasattr(wc, "seed") else C.seed_names(cfg)
+    evaluation seed of its checkpoint (:func:`pwopsd.config.checkpoint_seed_names`) when
+    ``evaluation.seeds_per_job`` is ``all`` (the job has no seed wildcard)."""
+    names = [wc.seed] if hasattr(wc, "seed") else C.checkpoint_seed_names(cfg, wc.checkpoint)
     return {name: C.sampling_seed(cfg, name) for name in names}
 
 

@@ -91,6 +91,11 @@ if settings.seeds_per_job(config) == "one":
     GENERATION_SEEDS, GENERATION_SEED_NAME = ["{seed}"], "{seed}"
 else:
     GENERATION_SEEDS, GENERATION_SEED_NAME = SEEDS, "all"
+# A cheaper sweep (evaluation.sweep_seeds) with one generate job for all of a checkpoint's seeds:
+# the swept steps' jobs have their own outputs (rules generate_sweep_step, grade_sweep_step).
+SWEEP_SEEDS = cfgmod.checkpoint_seed_names(config, cfgmod.step_checkpoint("run", 1))
+SWEEP_JOBS_OF_THEIR_OWN = bool(SWEEP_OUTPUTS) and GENERATION_SEED_NAME == "all" and SWEEP_SEEDS != SEEDS
+SWEEP_CHECKPOINT = r"[A-Za-z0-9_.\-]+" + cfgmod.STEP_MARK + r"\d+"
 
 
 def _alternatives(names):
@@ -163,7 +168,10 @@ def schedules_figure_inputs(wildcards):
 
 
 def seed_metrics(runs):
-    return [f"results/metrics/{m}/{c}/{b}/seed-{s}.json" for m, c in runs for b in BENCHMARKS for s in SEEDS]
+    """Per-seed metrics of (model, checkpoint) pairs: every eval seed of each checkpoint (a swept
+    step's: evaluation.sweep_seeds)."""
+    return [f"results/metrics/{m}/{c}/{b}/seed-{s}.json" for m, c in runs for b in BENCHMARKS
+            for s in cfgmod.checkpoint_seed_names(config, c)]
 
 
 def all_seed_metrics(wildcards=None):

@@ -48,3 +48,22 @@ rule aggregate_metrics:
         "../../envs/analysis.yaml"
     script:
         "../scripts/aggregate_metrics.py"
+
+
+if SWEEP_JOBS_OF_THEIR_OWN:
+
+    # A swept step's checkpoint with only evaluation.sweep_seeds (see generate_sweep_step).
+    use rule grade as grade_sweep_step with:
+        input:
+            generations=expand(generation_path("{{model}}", "{{checkpoint}}", "{benchmark}", "{seed}"),
+                               benchmark=BENCHMARKS, seed=SWEEP_SEEDS),
+            benchmarks=expand("results/data/benchmarks/{benchmark}.parquet", benchmark=BENCHMARKS),
+        output:
+            graded=expand("results/graded/{{model}}/{{checkpoint}}/{benchmark}/seed-{seed}.parquet",
+                          benchmark=BENCHMARKS, seed=SWEEP_SEEDS),
+            metrics=expand("results/metrics/{{model}}/{{checkpoint}}/{benchmark}/seed-{seed}.json",
+                           benchmark=BENCHMARKS, seed=SWEEP_SEEDS),
+        wildcard_constraints:
+            checkpoint=SWEEP_CHECKPOINT,
+
+    ruleorder: grade_sweep_step > grade

@@ -36,3 +36,16 @@ rule generate:
         "../../envs/vllm.yaml"
     script:
         "../scripts/generate.py"
+
+
+if SWEEP_JOBS_OF_THEIR_OWN:
+
+    # A swept step's checkpoint (<run>-step<N>) with only evaluation.sweep_seeds (a cheaper sweep).
+    use rule generate as generate_sweep_step with:
+        output:
+            generations=expand(generation_path("{{model}}", "{{checkpoint}}", "{benchmark}", "{seed}"),
+                               benchmark=BENCHMARKS, seed=SWEEP_SEEDS),
+        wildcard_constraints:
+            checkpoint=SWEEP_CHECKPOINT,
+
+    ruleorder: generate_sweep_step > generate

@@ -22,7 +22,7 @@ from pwopsd.config.design import (  # noqa: F401
     table_runs, plain_label, runs_in_tables, training_runs, significance_comparisons, significance_runs,
     table_outputs, training_config, rollout_engine_settings, eval_models, hub_models, built_models,
     diagnostic_models, diagnostic_model, fitted_methods, diagnostic_settings, table_comparisons, comparison_runs,
-    STEP_MARK, step_checkpoint, split_checkpoint, sweep_steps, sweep_outputs, sweep_checkpoints,
+    STEP_MARK, step_checkpoint, split_checkpoint, sweep_steps, sweep_outputs, sweep_checkpoints, checkpoint_seed_names,
 )
 from pwopsd.config.files import load_config, load_config_files, merge_configs, read_yaml_strict  # noqa: F401
 from pwopsd.config.overrides import flat_items, override_lines, typed_overrides  # noqa: F401

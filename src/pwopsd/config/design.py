@@ -166,6 +166,16 @@ def split_checkpoint(checkpoint: str) -> tuple[str, int | None]:
     return (run, int(step)) if mark and step.isdigit() else (checkpoint, None)
 
 
+def checkpoint_seed_names(cfg: dict, checkpoint: str) -> list[str]:
+    """The eval seeds of a checkpoint: a swept step's are ``evaluation.sweep_seeds`` (default every
+    eval seed), in the order of ``evaluation.seeds``."""
+    sweep = cfg["evaluation"].get("sweep_seeds")
+    if sweep and split_checkpoint(checkpoint)[1] is not None:
+        chosen = {str(s) for s in sweep}
+        return [name for name in seed_names(cfg) if name in chosen]
+    return seed_names(cfg)
+
+
 def sweep_steps(cfg: dict) -> list[int]:
     """Every step of the sweep plot and table: the listed saved steps and the evaluation step ([]:
     no sweep)."""

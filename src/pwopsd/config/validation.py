@@ -88,6 +88,9 @@ def _semantic_problems(cfg: dict) -> list[str]:
             if step % tr["save_every"] or step > last:
                 problems.append(f"evaluation.sweep_steps.{i}: {step} is not a saved training step (a multiple of "
                                 f"training.save_every={tr['save_every']} up to training.stop_at or max_steps={last})")
+        for i, seed in enumerate(cfg["evaluation"]["sweep_seeds"] or []):
+            if str(seed) not in {str(x) for x in cfg["evaluation"]["seeds"]}:
+                problems.append(f"evaluation.sweep_seeds.{i}: {seed!r} is not one of evaluation.seeds {cfg['evaluation']['seeds']}")
         for i, kind in enumerate(cfg["evaluation"]["sweep_tables"] if cfg["evaluation"]["sweep_steps"] else []):
             if kind not in cfg.get("tables", {}):
                 problems.append(f"evaluation.sweep_tables.{i}: {kind!r} is not a configured table (tables.{kind})")

@@ -64,6 +64,7 @@ def sweep_values(summaries: Sequence[dict], methods: Sequence[tuple[str, str]], 
                     c = compare_strata(group, level=level)
                     rows.append({"model": model, "method": method, "metric": metric, "benchmark": bench, "step": int(step),
                                  "value": c.delta, "low": c.low, "high": c.high, "runs": c.method_runs,
+                                 "eval_seeds": c.eval_seeds,
                                  "eval_step": int(step) == int(eval_step)})
     frame = pd.DataFrame(rows)
     frame["rank"] = (frame.groupby(["model", "metric", "benchmark", "step"])["value"]

@@ -285,9 +285,13 @@ def sweep_table(frame, *, method_labels: dict[str, str], level: float, n: int, l
         body.append(f"{method_labels.get(method, method)} & " + " & ".join(cells) + " \\\\")
     baseline = method_labels.get(data["baseline"].iloc[0], data["baseline"].iloc[0])
     column = "the mean column" if benchmark == "mean" else benchmark
+    seeds = data.groupby("eval_step")["eval_seeds"].min()
+    fewer = (f" The swept steps are evaluated with {int(seeds[False])} eval seed{'s' if seeds[False] > 1 else ''} "
+             f"(\\texttt{{evaluation.sweep\\_seeds}}), the evaluation step with {int(seeds[True])}."
+             if False in seeds.index and seeds[False] != seeds[True] else "")
     caption = (f"Checkpoint sweep: {METRIC_HEADERS.get(metric, metric).format(n=n)} of {column} at each saved step "
                f"($^{{*}}$: the evaluation step of the tables), the method's rank among the table's methods in "
                f"parentheses, and the difference to {baseline} in points (bold: Holm-adjusted $p < {alpha}$ over every "
                f"step and method; {int(level * 100)}\\% intervals in the CSV); best step and whether the rank at the "
-               "evaluation step holds at every step." + _run_variance_note(data.dropna(subset=["delta"]), method_labels))
+               "evaluation step holds at every step." + fewer + _run_variance_note(data.dropna(subset=["delta"]), method_labels))
     return _wrap(body, caption, label, "l" + "c" * (len(steps) + 2), resize=True)
