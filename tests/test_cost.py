@@ -58,7 +58,8 @@ def test_every_gpu_rule_of_the_paper_dag_has_a_cost_model(paper):
     GPU job of an unknown rule is an error rather than a silent zero."""
     jobs = cost.dry_run_jobs(str(REPO), ["all", "train_all"], forceall=True)
     gpu_rules = {j.rule for j in jobs if j.gpus}
-    assert gpu_rules == set(cost.GPU_HOURS), gpu_rules ^ set(cost.GPU_HOURS)
+    # generate_sweep_step exists only with seeds_per_job: all and evaluation.sweep_seeds (priced below)
+    assert gpu_rules == set(cost.GPU_HOURS) - {"generate_sweep_step"}, gpu_rules ^ set(cost.GPU_HOURS)
     assert all(cost.job_hours(j, paper) > 0 for j in jobs if j.gpus)
     with pytest.raises(ValueError, match="rule new_phase asks for 1 GPUs but has no cost model"):
         cost.job_hours(cost.Job("new_phase", {"model": "qwen3_4b"}, 1), paper)
@@ -152,3 +153,15 @@ def test_a_limit_too_short_for_one_step_is_refused_with_the_numbers(paper):
     assert len(problems) == len([j for j in cost.training_jobs(paper) if j.gpus])  # the 8B and 7B steps are longer
     assert f"cluster.max_runtime_min={int(need) - 1} is too short for training qwen3_4b/opsd" in problems[0]
     assert f"{a['startup_min']:g} min start-up + {step:.1f} min for one step + 10 min to checkpoint on notice = {need:.1f} min" in problems[0]
+
+
+def test_a_generate_job_that_samples_every_seed_costs_them_all(paper):
+    """evaluation.seeds_per_job: all (no seed wildcard): the job decodes every seed of its checkpoint;
+    a swept step's checkpoint only evaluation.sweep_seeds (rule generate_sweep_step)."""
+    per_seed = cost.job_hours(cost.Job("generate", {"model": "qwen3_4b", "checkpoint": "opsd", "seed": "1"}, 4), paper)
+    startup = cost.ASSUMPTIONS["startup_min"] / 60
+    every = cost.job_hours(cost.Job("generate", {"model": "qwen3_4b", "checkpoint": "opsd"}, 4), paper)
+    assert every - startup == pytest.approx(3 * (per_seed - startup))
+    swept = {**paper, "evaluation": {**paper["evaluation"], "sweep_seeds": [1]}}
+    step = cost.job_hours(cost.Job("generate_sweep_step", {"model": "qwen3_4b", "checkpoint": "opsd-step50"}, 4), swept)
+    assert step == pytest.approx(per_seed)

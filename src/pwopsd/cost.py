@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pwopsd.config import diagnostic_settings, load_config, load_config_files, training_config
+from pwopsd.config import checkpoint_seed_names, diagnostic_settings, load_config, load_config_files, training_config
 
 # Throughput and length assumptions (H100 80GB, bf16). Throughputs scale with 1 / model size.
 ASSUMPTIONS = {
@@ -133,7 +133,9 @@ def _generate_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
     ev = cfg["evaluation"]
     # a benchmark's rows: expected_rows, or its first_rows when a smoke run keeps fewer
     problems = sum(min(b.get("expected_rows") or 0, b.get("first_rows") or math.inf) for b in cfg["benchmarks"].values())
-    tokens = problems * ev["n"] * ev["max_new_tokens"] * a["eval_length_fraction"]
+    # a job per seed ({seed} wildcard), or every seed of its checkpoint (evaluation.seeds_per_job: all)
+    seeds = 1 if "seed" in job.wildcards else len(checkpoint_seed_names(cfg, job.wildcards.get("checkpoint", "")))
+    tokens = seeds * problems * ev["n"] * ev["max_new_tokens"] * a["eval_length_fraction"]
     return _decode_hours(tokens, ev["max_new_tokens"], size, job.gpus, a, tp=_vllm_tp(cfg, job))
 
 
@@ -193,7 +195,7 @@ def _forced_continuation_hours(job: Job, cfg: dict, size: float, a: dict) -> flo
 
 # The cost model of each rule that asks for GPUs; a GPU rule missing here is an error
 # (tests/test_cost.py checks the paper DAG), not a silent zero.
-GPU_HOURS = {"generate": _generate_hours, "train": _train_hours, "spines": _spines_hours,
+GPU_HOURS = {"generate": _generate_hours, "generate_sweep_step": _generate_hours, "train": _train_hours, "spines": _spines_hours,
              "teacher_pass": _teacher_pass_hours, "mc_dropout": _mc_dropout_hours,
              "forced_continuation": _forced_continuation_hours}
 
