@@ -31,7 +31,9 @@ def test_t_quantiles_equal_the_published_table():
     # Student's t table (two-sided 5%): df 1, 2, 4, 10, 30, and the normal's 1.95996 for df -> inf
     for df, value in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423), (1e9, 1.95996)):
         assert t_quantile(0.975, df) == pytest.approx(value, abs=1e-4)
-    assert t_two_sided_p(t_quantile(0.995, 6.5), 6.5) == pytest.approx(0.01, rel=1e-9)
+    for df in np.concatenate([np.geomspace(0.05, 1e5, 120), np.arange(1.0, 60.0)]):  # every df a fit can give
+        for q in (0.95, 0.975, 0.995, 0.9995):
+            assert t_two_sided_p(t_quantile(q, df), df) == pytest.approx(2 * (1 - q), rel=1e-8), (q, df)
     assert t_two_sided_p(0.0, 3) == 1.0 and t_two_sided_p(math.inf, 3) == 0.0
 
 

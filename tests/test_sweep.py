@@ -96,6 +96,9 @@ def test_the_adapter_of_a_swept_step_comes_from_the_runs_own_checkpoint_folder(t
     assert (out / "adapter_model.safetensors").read_bytes() == b"step8-new" and not (out / "trainer_state.pt").exists()
     with pytest.raises(FileNotFoundError, match="step 4 was not saved"):
         export_step(root, exported, 16, 4, tmp_path / "out4")
+    _save(root / "ccc", 16, b"step16-new")  # the same run trained further (another stop_at: another run key)
+    _save(root / "ccc", 24, b"step24-new")
+    assert export_step(root, exported, 16, 24, tmp_path / "out24") == root / "ccc" / "step-000024"
     (exported / "adapter_model.safetensors").write_bytes(b"trained again")
     with pytest.raises(FileNotFoundError, match="rerun its training"):
         export_step(root, exported, 16, 8, tmp_path / "out2")
@@ -114,7 +117,7 @@ def test_sweep_settings_are_checked_against_the_saved_steps_and_tables():
         validate_config(merge_configs(base, {"evaluation": {"sweep_steps": [50], "sweep_seeds": [7]}}))
     cfg = validate_config(merge_configs(base, {"evaluation": {"sweep_steps": [50], "sweep_seeds": [2, "main"]}}))
     assert checkpoint_seed_names(cfg, "opsd-step50") == ["main", "2"] and checkpoint_seed_names(cfg, "opsd") == ["main", "1", "2"]
-    no_ablation = {k: v for k, v in base["tables"].items() if k != "ablation"}
-    with pytest.raises(ConfigError, match=r"sweep_tables.0: 'ablation' is not a configured table"):
-        validate_config({**merge_configs(base, {"evaluation": {"sweep_steps": [50], "sweep_tables": ["ablation"]}}),
-                         "tables": no_ablation})
+    no_baselines = {k: v for k, v in base["tables"].items() if k != "baselines"}
+    with pytest.raises(ConfigError, match=r"sweep_tables.0: 'baselines' is not a configured table"):
+        validate_config({**merge_configs(base, {"evaluation": {"sweep_steps": [50], "sweep_tables": ["baselines"]}}),
+                         "tables": no_baselines})

@@ -95,7 +95,7 @@ else:
 # the swept steps' jobs have their own outputs (rules generate_sweep_step, grade_sweep_step).
 SWEEP_SEEDS = cfgmod.checkpoint_seed_names(config, cfgmod.step_checkpoint("run", 1))
 SWEEP_JOBS_OF_THEIR_OWN = bool(SWEEP_OUTPUTS) and GENERATION_SEED_NAME == "all" and SWEEP_SEEDS != SEEDS
-SWEEP_CHECKPOINT = r"[A-Za-z0-9_.\-]+" + cfgmod.STEP_MARK + r"\d+"
+SWEEP_CHECKPOINT = rf"[A-Za-z0-9_.\-]+{cfgmod.STEP_MARK}\d+"
 
 
 def _alternatives(names):

@@ -1,4 +1,5 @@
-"""Rule merge_adapter: merge the evaluation-step adapter into a standalone checkpoint (on CPU)."""
+"""Rules merge_adapter and merge_step_adapter: merge the evaluation-step adapter (or a swept
+step's) into a standalone checkpoint (on CPU)."""
 
 from pwopsd.io import write_json
 from pwopsd.models import read_manifest
@@ -12,7 +13,8 @@ def main(snakemake):
     base = read_manifest(snakemake.input.model)
     merge_lora_checkpoint(base["path"], snakemake.input.adapter, snakemake.output.merged, snakemake.params.dtype)
     wc = snakemake.wildcards
-    write_json({"model": wc.model, "kind": "merged", "method": wc.method, "step": snakemake.params.eval_step,
+    step = snakemake.params.get("step", snakemake.params.eval_step)  # a swept step's checkpoint (merge_step_adapter)
+    write_json({"model": wc.model, "kind": "merged", "method": wc.method, "step": step,
                 "path": snakemake.output.merged, "base": base, "adapter": snakemake.input.adapter,
                 "versions": versions()}, snakemake.output.manifest)
     log.info("merged %s into %s", snakemake.input.adapter, snakemake.output.merged)

@@ -122,13 +122,18 @@ def t_quantile(q: float, df: float) -> float:
     while t_two_sided_p(high, df) > target:
         low, high = high, 2.0 * high
     t = 0.5 * (low + high)
-    for _ in range(200):
+    for _ in range(400):
         excess = t_two_sided_p(t, df) - target  # decreasing in t
-        low, high = (t, high) if excess > 0 else (low, t)
-        step = excess / (2.0 * t_density(t, df))
-        t = t + step if low < t + step < high else 0.5 * (low + high)
-        if abs(step) < 1e-13 * t or high - low < 1e-13 * high:
+        if excess == 0.0:
             return t
+        low, high = (t, high) if excess > 0 else (low, t)
+        density = t_density(t, df)
+        step = excess / (2.0 * density) if density > 0 else math.inf
+        if abs(step) <= 1e-14 * t:  # converged: the step no longer moves t
+            return t
+        t = t + step if low < t + step < high else 0.5 * (low + high)  # Newton inside the bracket, else bisection
+        if high - low <= 1e-14 * high:
+            return 0.5 * (low + high)
     return t
 
 
@@ -186,6 +191,7 @@ def mixed_model_fit(strata: Sequence[tuple]) -> MixedModelFit:
         run_parts.append((r - 1.0, [(1.0, float(run_means.var(ddof=1)), r - 1.0)]
                           + [(-(wj ** 2), float(v), r - 1.0) for wj, v in zip(weights, per_problem)]))
     run_variance = None
+    floor = min(d.size - 1.0 for d in diffs)  # the degrees of freedom of the smallest part
     if run_parts:
         pooled_df = sum(df for df, _ in run_parts)
         scale = 1.0 / ((1.0 - sum_w2) * pooled_df)  # sigma_run^2 = sum_m df_m (their terms) x scale
@@ -194,9 +200,13 @@ def mixed_model_fit(strata: Sequence[tuple]) -> MixedModelFit:
         if run_variance > 0:  # at the boundary (<= 0) the run term is 0 and adds no degrees of freedom
             factor = sum(1.0 / r for r in runs[0] if r)
             terms += [(c * factor, ms, d) for c, ms, d in run_terms]
+            floor = min(floor, pooled_df)
         run_variance = max(0.0, run_variance)
     variance, df = _satterthwaite(terms)
-    return MixedModelFit(delta=delta, variance=max(0.0, variance), df=df, run_variance=run_variance)
+    # Satterthwaite's df of a sum of positive parts is at least its smallest part's; the run term's
+    # negative part (the problem-by-run noise it removes) can pull it far below when sigma_run^2 is
+    # barely above 0 (df 0.5: intervals of hundreds of points): it is held at that floor.
+    return MixedModelFit(delta=delta, variance=max(0.0, variance), df=max(df, floor), run_variance=run_variance)
 
 
 def holm(p_values: Sequence[float]) -> np.ndarray:

@@ -224,14 +224,18 @@ def export_step(checkpoint_root: str | Path, exported: str | Path, eval_step: in
     from pwopsd.io import sha256_file
 
     wanted = {f.name: sha256_file(f) for f in _adapter_files(Path(exported))}
+    matching = []
     for folder in sorted(p for p in Path(checkpoint_root).glob("*") if p.is_dir()):
         at_eval = folder / f"step-{eval_step:06d}"
         if at_eval.is_dir() and {f.name: sha256_file(f) for f in _adapter_files(at_eval)} == wanted:
+            matching.append(folder)
             source = folder / f"step-{step:06d}"
-            if not (source / "trainer_state.pt").exists():
-                raise FileNotFoundError(f"step {step} was not saved in {folder} (training.save_every, training.stop_at)")
-            _export_adapter(source, adapter_out)
-            return source
+            if (source / "trainer_state.pt").exists():  # runs of equal steps (another stop_at) may share the adapter
+                _export_adapter(source, adapter_out)
+                return source
+    if matching:
+        raise FileNotFoundError(f"step {step} was not saved in {', '.join(map(str, matching))} "
+                                "(training.save_every, training.stop_at)")
     raise FileNotFoundError(f"no checkpoint folder under {checkpoint_root} holds the run's exported adapter {exported} "
                             f"at step {eval_step}: its checkpoints were deleted or the run was trained again; rerun its "
                             "training (snakemake -R train) to sweep it")

@@ -272,10 +272,10 @@ class Trainer:
     def resume(self) -> bool:
         from peft import set_peft_model_state_dict
 
-        # A kill inside a checkpoint write leaves its temporary folder (atomic_path), never a step-*
-        # folder: it is never read, and is removed here.
+        # A kill inside a checkpoint write (or the log's rewrite below) leaves its temporary folder
+        # (atomic_path), never a step-* folder or a partial log: it is never read, and is removed here.
         if self.rank == 0:
-            for partial in self.work_dir.glob(".step-*.tmp"):
+            for partial in [*self.work_dir.glob(".step-*.tmp"), *self.work_dir.glob(".train_log.jsonl.*.tmp")]:
                 shutil.rmtree(partial, ignore_errors=True)
         ckpt = latest_checkpoint(self.work_dir)
         if ckpt is not None:
