@@ -452,9 +452,9 @@ def test_tiny_run_sweeps_table_2_at_a_saved_step_without_training_again(tiny_run
         adapter = workdir / f"results/training/tiny_qwen3/{run}-step8/adapter/adapter_model.safetensors"
         saved = next((workdir / f"results/training/tiny_qwen3/{run}/checkpoints").glob("*/step-000008/adapter_model.safetensors"))
         assert adapter.read_bytes() == saved.read_bytes()
-    proc = run_snakemake(["-n", "--directory", str(workdir), "--config", "evaluation={sweep_steps: [8], sweep_tables: [main, schedules]}"])
+    proc = run_snakemake(["-n", "--directory", str(workdir), "--config", "evaluation={sweep_steps: [8], sweep_tables: [main, baselines]}"])
     planned = job_counts(proc.stdout + proc.stderr)
-    assert "train" not in planned and planned["step_adapter"] == 3 and planned["sweep"] == 1, planned  # Mild, Sharp, Fitted
+    assert "train" not in planned and planned["step_adapter"] == 2 and planned["sweep"] == 2, planned  # ToDi and GKD; two tables
 
 
 @pytest.mark.workflow
@@ -506,10 +506,12 @@ def test_a_training_seed_added_in_the_config_reruns_only_its_chain_and_the_table
     proc = run_snakemake(["-n", "--directory", str(workdir), "--configfile", str(overlay)])
     out = proc.stdout + proc.stderr
     counts = job_counts(out)
+    sweep = {"step_adapter", "merge_step_adapter", "generate_sweep_step", "grade_sweep_step", "sweep"}  # Table 2's sweep
     assert {r for r in counts if r != "total"} <= {"train", "merge_adapter", "generate", "grade", "aggregate_metrics", "table",
-                                                  "significance", "training_curves", "reproduction_report", "all"}, counts
+                                                  "significance", "training_curves", "reproduction_report", "all"} | sweep, counts
     assert counts["train"] == counts["merge_adapter"] == counts["generate"] == counts["grade"] == 1
-    assert set(re.findall(r"wildcards: model=\w+, (?:method|checkpoint)=([\w-]+)", out)) == {"opsd-seed44"}
+    assert all(counts[r] == 1 for r in sweep), counts  # the new run at the swept step 8 too
+    assert set(re.findall(r"wildcards: model=\w+, (?:method|checkpoint)=([\w-]+)", out)) == {"opsd-seed44", "opsd-seed44-step8"}
     # the tables that show OPSD, not the schedules table (no OPSD row); all significance tables (OPSD is their baseline)
     tables = set(re.findall(r"rule table:\s*\n\s*input:[^\n]*\n\s*output: results/tables/(\w+)\.tex", out))
     assert tables == {"main_4b", "cross_model", "ablation_4b", "baselines_4b"}
@@ -559,7 +561,7 @@ def test_a_command_line_override_replans_with_the_typed_value(tiny_run):
     counts = job_counts(out)
     assert "train" not in counts and "build_tiny_model" not in counts and counts["generate"] >= 1, counts
     planned = re.findall(r"reason: Params have changed since last execution:.*? now: \{'n': (\S+?),", out)
-    assert planned and set(planned) == {"3"} and len(planned) == counts["generate"], out
+    assert planned and set(planned) == {"3"} and len(planned) == counts["generate"] + counts.get("generate_sweep_step", 0), out
 
 
 @pytest.mark.workflow
