@@ -207,6 +207,11 @@ def delta_verdicts(reference: pd.DataFrame, significance: pd.DataFrame) -> pd.Da
     return pd.DataFrame(rows, columns=columns)
 
 
+def _difference_cells(r) -> str:
+    """The first cells of a published difference's markdown row: which comparison it is."""
+    return f"| {r['model']} | {r['method']} | {r['baseline']} | {r['benchmark']} | {r['metric']} |"
+
+
 def render_delta_verdicts(verdicts: pd.DataFrame) -> str:
     """The reproduction report's section on published differences (markdown)."""
     lines = ["## Published differences against the baseline", ""]
@@ -220,7 +225,7 @@ def render_delta_verdicts(verdicts: pd.DataFrame) -> str:
               "| model | method | baseline | benchmark | metric | paper Δ | reproduced Δ [interval] | Holm p | holds paper Δ | excludes 0 |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in verdicts.iterrows():
-        lines.append(f"| {r['model']} | {r['method']} | {r['baseline']} | {r['benchmark']} | {r['metric']} | {r['paper_delta']:+.2f} "
+        lines.append(f"{_difference_cells(r)} {r['paper_delta']:+.2f} "
                      f"| {r['delta']:+.2f} [{r['low']:.2f}, {r['high']:.2f}] | {r['p_holm']:.2g} | "
                      f"{'yes' if r['holds_paper_delta'] else '**no**'} | {'yes' if r['excludes_zero'] else 'no'} |")
     return "\n".join(lines + [""]) + "\n"
@@ -239,7 +244,6 @@ def render_sweep_agreement(agreement: pd.DataFrame, steps: list[int], eval_step:
               "| model | method | baseline | benchmark | metric | paper Δ | same sign at steps | other sign at steps |",
               "|---|---|---|---|---|---|---|---|"]
     for _, r in agreement.iterrows():
-        lines.append(f"| {r['model']} | {r['method']} | {r['baseline']} | {r['benchmark']} | {r['metric']} | "
-                     f"{r['paper_delta']:+.2f} | {', '.join(map(str, r['same_sign_steps'])) or '-'} | "
+        lines.append(f"{_difference_cells(r)} {r['paper_delta']:+.2f} | {', '.join(map(str, r['same_sign_steps'])) or '-'} | "
                      f"{', '.join(map(str, r['other_sign_steps'])) or '-'} |")
     return "\n".join(lines + [""]) + "\n"
