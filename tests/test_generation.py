@@ -10,7 +10,7 @@ import torch
 
 from pwopsd import prompts
 from pwopsd.generation import FINISH_LENGTH, FINISH_STOP, GenerationRequest, get_backend
-from pwopsd.generation.hf_backend import HFBackend, filter_and_sample
+from pwopsd.generation.hf_backend import HFBackend, filter_and_sample, shared_prompts
 
 
 def _nucleus_probs(logits, temperature, top_p, top_k):
@@ -95,8 +95,10 @@ def test_same_seed_same_tokens_regardless_of_batch(backend, tiny_tokenizer):
     others = [GenerationRequest(_ids(tiny_tokenizer, f"Compute {i} + {i} - 1 + {2 * i}."), n=2, seed=i, max_new_tokens=30) for i in range(5)]
     mixed = backend.generate(others[:2] + [target] + others[2:])[2]
     small = HFBackend(backend.model, tiny_tokenizer, batch_size=2).generate(others[:1] + [target])[1]
-    for a, b, c in zip(alone, mixed, small):
-        assert a.token_ids == b.token_ids == c.token_ids
+    # One row a batch: every sample runs its own prefill (the others share their prompt's).
+    single = HFBackend(backend.model, tiny_tokenizer, batch_size=1).generate([target])[0]
+    for a, b, c, d in zip(alone, mixed, small, single):
+        assert a.token_ids == b.token_ids == c.token_ids == d.token_ids
     assert len({tuple(c.token_ids) for c in alone}) > 1  # the n samples differ
     # vLLM convention: sample j of seed s is sample 0 of seed s + j.
     shifted = backend.generate([GenerationRequest(target.prompt_ids, n=1, seed=12, top_p=0.95, max_new_tokens=24)])[0][0]
@@ -105,10 +107,15 @@ def test_same_seed_same_tokens_regardless_of_batch(backend, tiny_tokenizer):
     assert [c.token_ids for c in other_seed] != [c.token_ids for c in alone]
 
 
+def test_shared_prompts_index_each_row_by_its_first_appearance():
+    assert shared_prompts([(1, 2), (3,), (1, 2), (3,), (4, 5)]) == ([0, 1, 0, 1, 2], [(1, 2), (3,), (4, 5)])
+
+
 def test_greedy_matches_transformers_generate(backend, random_tiny_model, tiny_tokenizer):
     reqs = [GenerationRequest(_ids(tiny_tokenizer, p), temperature=0.0, max_new_tokens=16)
             for p in ("Compute 1 + 1.", "Compute 12 - 7 + 30 - 2.")]
-    ours = backend.generate(reqs)
+    ours = backend.generate(reqs + reqs)  # each prompt twice: one prefill shared by two requests
+    assert ours[:2] == ours[2:]
     for req, out in zip(reqs, ours):
         ref = random_tiny_model.generate(torch.tensor([req.prompt_ids]), attention_mask=torch.ones(1, len(req.prompt_ids), dtype=torch.long),
                                          do_sample=False, max_new_tokens=16, eos_token_id=tiny_tokenizer.eos_token_id,

@@ -4,8 +4,9 @@ It runs its own decode loop rather than ``model.generate`` so that every sample 
 ``torch.Generator`` (seed ``request.seed + j``, the vLLM convention). A sample's tokens then
 depend only on its prompt, its seed and the model, not on which other prompts share its batch.
 
-Efficiency: rows are sorted by prompt length to keep left padding small, logits are computed for
-the last position only, and rows that finish are dropped from the batch and its KV cache.
+Efficiency: rows are sorted by prompt length to keep left padding small, the samples of one prompt
+share one prefill (its KV cache is repeated for them), logits are computed for the last position
+only, and rows that finish are dropped from the batch and its KV cache.
 """
 
 from __future__ import annotations
@@ -150,14 +151,18 @@ class HFBackend:
     def _generate_batch(self, items: list[tuple[GenerationRequest, int]]) -> list[Completion]:
         dev = self.device
         b = len(items)
-        plen = max(len(req.prompt_ids) for req, _ in items)
-        ids = torch.full((b, plen), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((b, plen), dtype=torch.long)
-        for r, (req, _) in enumerate(items):
-            ids[r, plen - len(req.prompt_ids) :] = torch.tensor(req.prompt_ids)
-            attn[r, plen - len(req.prompt_ids) :] = 1
+        # Samples of one prompt share its prefill: each distinct prompt is run once, and its KV
+        # cache and last logits are repeated for its rows (the n samples of a request).
+        prompt_of, distinct = shared_prompts([req.prompt_ids for req, _ in items])
+        plen = max(len(p) for p in distinct)
+        ids = torch.full((len(distinct), plen), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(distinct), plen), dtype=torch.long)
+        for r, prompt in enumerate(distinct):
+            ids[r, plen - len(prompt) :] = torch.tensor(prompt)
+            attn[r, plen - len(prompt) :] = 1
         ids, attn = ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp_(min=0)
+        expand = torch.tensor(prompt_of, device=dev)
 
         temperature = torch.tensor([req.temperature for req, _ in items], device=dev)
         top_p = torch.tensor([req.top_p for req, _ in items], device=dev)
@@ -189,6 +194,9 @@ class HFBackend:
             )
             cache = outputs.past_key_values
             logits = outputs.logits[:, -1, :]
+            if step == 0:  # the prefill: one row per distinct prompt, repeated for its samples
+                cache.batch_select_indices(expand)
+                logits, attn, step_pos = logits.index_select(0, expand), attn.index_select(0, expand), step_pos.index_select(0, expand)
             sel = torch.tensor(alive, device=dev)
             uniforms = uniforms_all[sel.cpu(), step].to(dev)
             tokens = filter_and_sample(logits, temperature[sel], top_p[sel], top_k[sel], uniforms).tolist()
@@ -224,6 +232,14 @@ class HFBackend:
             )
             for r in range(b)
         ]
+
+
+def shared_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[tuple[int, ...]]]:
+    """For each row, the index of its prompt among the distinct prompts (in order of first
+    appearance), and those distinct prompts."""
+    index: dict[tuple[int, ...], int] = {}
+    rows = [index.setdefault(tuple(p), len(index)) for p in prompts]
+    return rows, list(index)
 
 
 def default_eos_ids(model, tokenizer) -> list[int]:
