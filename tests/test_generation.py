@@ -95,8 +95,8 @@ def test_same_seed_same_tokens_regardless_of_batch(backend, tiny_tokenizer):
     others = [GenerationRequest(_ids(tiny_tokenizer, f"Compute {i} + {i} - 1 + {2 * i}."), n=2, seed=i, max_new_tokens=30) for i in range(5)]
     mixed = backend.generate(others[:2] + [target] + others[2:])[2]
     small = HFBackend(backend.model, tiny_tokenizer, batch_size=2).generate(others[:1] + [target])[1]
-    # One row a batch: every sample runs its own prefill (the others share their prompt's).
-    single = HFBackend(backend.model, tiny_tokenizer, batch_size=1).generate([target])[0]
+    # Every sample with its own prefill (the others share their prompt's).
+    single = HFBackend(backend.model, tiny_tokenizer, batch_size=8, share_prefill=False).generate([target])[0]
     for a, b, c, d in zip(alone, mixed, small, single):
         assert a.token_ids == b.token_ids == c.token_ids == d.token_ids
     assert len({tuple(c.token_ids) for c in alone}) > 1  # the n samples differ

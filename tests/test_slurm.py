@@ -15,6 +15,7 @@
 
 import re
 import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -294,6 +295,157 @@ def test_a_job_killed_for_its_memory_is_resubmitted_with_larger_limits(slurm_run
     assert "exceeded job memory limit" in slurm_log.lower()  # Slurm killed it, as a cluster would
     assert second["state"] == "COMPLETED" and second["reqmem"] == "3200M" and second["timelimit"] == "01:00:00"
     assert "Error in rule candidates" in proc.stdout + proc.stderr  # reported failed, then retried
+
+
+# Two tiny training runs on the test Slurm, each interrupted after its third step: one is warned as
+# the profile's `--signal=TERM@600` warns a job near its time limit (the same signal to the job's
+# steps, sent with `scancel --signal=TERM`: the tiny run is too short for a real limit), the other is
+# requeued with `scontrol requeue` (Slurm's SIGTERM, then the same job id runs again).
+INTERRUPTED = {"opsd": ["scancel", "--signal=TERM"], "eopd": ["scontrol", "requeue"]}
+INTERRUPT_AFTER_STEPS = 3
+
+
+def _interrupt_training(cluster, work, done, stop):
+    """Send each run's interruption once its job runs and has logged INTERRUPT_AFTER_STEPS steps;
+    a requeued job is then let start at once (Slurm holds a requeued job ~2 minutes: BeginTime)."""
+    import subprocess
+    import time
+
+    env = cluster.env()
+    while not stop.is_set() and len(done) < len(INTERRUPTED):
+        running = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i|%k"], env=env, capture_output=True, text=True).stdout
+        for line in running.split():
+            jobid, comment = line.split("|", 1)
+            method = comment.rsplit("_wildcards_tiny_qwen3_", 1)[-1]
+            if method not in INTERRUPTED or method in done:
+                continue
+            logs = list((work / f"results/training/tiny_qwen3/{method}/checkpoints").glob("*/train_log.jsonl"))
+            if logs and len(logs[0].read_text().splitlines()) >= INTERRUPT_AFTER_STEPS:
+                subprocess.run([*INTERRUPTED[method], jobid], env=env, check=True, capture_output=True)
+                done[method] = jobid
+                if INTERRUPTED[method][0] == "scontrol":
+                    deadline = time.time() + 120
+                    while time.time() < deadline and not subprocess.run(
+                            ["squeue", "-h", "-j", jobid, "-o", "%T"], env=env, capture_output=True, text=True).stdout.startswith("PENDING"):
+                        time.sleep(0.2)
+                    subprocess.run(["scontrol", "update", f"JobId={jobid}", "StartTime=now"], env=env, check=True, capture_output=True)
+        time.sleep(0.3)
+
+
+@background.part("Slurm training interrupted", after=("Slurm diagnostic",))
+def _slurm_training_interrupted():
+    """The tiny run's OPSD and EOPD trainings again, through the Slurm executor on the test Slurm
+    (after the diagnostic: the node has 2 CPUs), each interrupted (:data:`INTERRUPTED`)."""
+
+    def run():
+        import threading
+
+        from slurm.cluster import SlurmUnavailable
+
+        try:
+            cluster = background.result("Slurm cluster start")
+        except SlurmUnavailable:
+            return None  # the fixture skips
+        work = session_tmp("slurm_training")
+        copy_tiny_inputs(background.result("tiny model"), work)
+        shutil.copytree(REPO / "tiny" / "config", work / "config")  # the tiny run's config: its run keys
+        prof_dir = filled_profile(session_tmp("profile_training"), threads=1, account=cluster.account)
+        prof = yaml.safe_load((prof_dir / "profile.yaml").read_text())
+        prof["default-resources"]["cpus_per_task"] = 1
+        for res in prof["set-resources"].values():
+            res.update(cpus_per_task=1, mem_mb="3000 * attempt")
+        (prof_dir / "profile.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
+        done, stop = {}, threading.Event()
+        monitor = threading.Thread(target=_interrupt_training, args=(cluster, work, done, stop), daemon=True)
+        monitor.start()
+        try:
+            proc = run_snakemake(["--profile", str(prof_dir), "--directory", str(work),
+                                  *(f"results/training/tiny_qwen3/{m}/adapter" for m in INTERRUPTED),
+                                  "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "2"],
+                                 env={"SLURM_CONF": str(cluster.conf)}, check=False)
+        finally:
+            stop.set()
+            monitor.join()
+        return work, proc, done, cluster.jobs(all_runs=True)
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def slurm_training(slurm_cluster):
+    return background.result("Slurm training interrupted")
+
+
+def _resumed_step(log_text: str) -> int:
+    found = re.findall(r"resumed from \S+/step-(\d+) \(step \d+\)", log_text)
+    assert len(found) == 1, log_text[-3000:]
+    return int(found[0])
+
+
+@pytest.mark.workflow
+def test_a_warned_training_job_checkpoints_is_resubmitted_and_ends_as_the_uninterrupted_run(slurm_training, tiny_run):
+    """Warned after step 3 (SIGTERM to the job's steps, as --signal=TERM@600 near the limit), the
+    job checkpoints the step in progress and fails with status 75; Snakemake submits a new job (not a
+    rerun inside the spent allocation), which resumes from that checkpoint, not from step 0 or the
+    last save_every one, and ends with the uninterrupted run's adapter and step log, bit for bit."""
+    (work, proc, done, jobs), (tiny, _) = slurm_training, tiny_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    runs = [j for j in jobs if j["comment"].endswith("_tiny_qwen3_opsd")]
+    assert [(j["jobid"], j["state"]) for j in runs] == [(done["opsd"], "FAILED"), (runs[1]["jobid"], "COMPLETED")], runs
+    assert runs[1]["jobid"] != done["opsd"]
+    warned = (work / "logs/slurm/rule_train/tiny_qwen3_opsd" / f"{done['opsd']}.log").read_text()
+    stopped = re.search(r"stopped on SIGTERM after step (\d+) of \d+; checkpoint step-(\d+) written", warned)
+    assert stopped and stopped[1] == str(int(stopped[2])) and warned.count("Trying to restart job") == 0, warned[-3000:]
+    save_every = yaml.safe_load((work / "config/config.yaml").read_text())["training"]["save_every"]
+    step = _resumed_step((work / "logs/train/tiny_qwen3/opsd.log").read_text())
+    assert step == int(stopped[1]) and INTERRUPT_AFTER_STEPS <= step and step % save_every != 0
+    _assert_same_run(work, tiny, "opsd")
+
+
+@pytest.mark.workflow
+def test_a_training_job_requeued_by_slurm_resumes_under_its_job_id_and_ends_as_the_uninterrupted_run(slurm_training,
+                                                                                                    tiny_run):
+    """`scontrol requeue` after step 3: Slurm's SIGTERM makes the job checkpoint the step in
+    progress, the same job id runs again (SLURM_RESTART_COUNT=1; the executor plugin waits on a
+    REQUEUED job), resumes from that checkpoint and ends with the uninterrupted run's adapter and
+    step log, bit for bit."""
+    (work, proc, done, jobs), (tiny, _) = slurm_training, tiny_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    runs = [j for j in jobs if j["comment"].endswith("_tiny_qwen3_eopd")]
+    assert [(j["jobid"], j["state"]) for j in runs] == [(done["eopd"], "REQUEUED"), (done["eopd"], "COMPLETED")], runs
+    log = (work / "logs/train/tiny_qwen3/eopd.log").read_text()
+    assert f"Slurm job {done['eopd']} restarted (restart 1)" in log, log[-3000:]
+    save_every = yaml.safe_load((work / "config/config.yaml").read_text())["training"]["save_every"]
+    step = _resumed_step(log)
+    assert INTERRUPT_AFTER_STEPS <= step and step % save_every != 0
+    _assert_same_run(work, tiny, "eopd")
+
+
+def _assert_same_run(work, tiny, method):
+    import json
+
+    run = Path("results/training/tiny_qwen3") / method
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        assert (work / run / "adapter" / name).read_bytes() == (tiny / run / "adapter" / name).read_bytes(), name
+    strip = lambda path: [{k: v for k, v in json.loads(x).items() if not k.endswith("seconds")}  # noqa: E731
+                          for x in path.read_text().splitlines()]
+    assert strip(work / run / "train_log.jsonl") == strip(tiny / run / "train_log.jsonl")
+
+
+def test_a_restarted_job_says_so_from_its_environment_or_from_scontrol():
+    from pwopsd.cluster import restarts_of, slurm_restart
+
+    shown = "JobId=7 JobName=x UserId=root(0) Restarts=2 BatchFlag=1 Reboot=0 ExitCode=0:0"
+    assert restarts_of(shown) == "2" and restarts_of("JobId=7 Reboot=0") is None and restarts_of(None) is None
+    assert slurm_restart({}) is None  # not a Slurm job
+    assert slurm_restart({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0"}) is None
+    assert slurm_restart({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"}, show_job=lambda j: 1 / 0).startswith(
+        "Slurm job 7 restarted (restart 1)")
+    # inside a Snakemake job step the variable is gone: scontrol tells
+    assert slurm_restart({"SLURM_JOB_ID": "7"}, show_job=lambda j: shown if j == "7" else "").startswith(
+        "Slurm job 7 restarted (restart 2)")
+    assert slurm_restart({"SLURM_JOB_ID": "7"}, show_job=lambda j: shown.replace("Restarts=2", "Restarts=0")) is None
+    assert slurm_restart({"SLURM_JOB_ID": "7"}, show_job=lambda j: None) is None
 
 
 def test_training_jobs_are_warned_before_their_limit_requeued_and_retried_as_the_cost_plan_says(tmp_path):

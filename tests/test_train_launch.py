@@ -153,6 +153,27 @@ def test_a_notice_to_a_two_process_run_stops_both_ranks_after_one_step_and_the_r
     _rerun_equals(uninterrupted, args, base, "notice")
 
 
+def test_a_two_process_run_that_loses_one_rank_fails_and_the_rerun_is_bit_identical(base, uninterrupted):
+    """SIGKILL to rank 1 alone once step 2 is saved (a lost GPU, the kernel's OOM killer): torchrun
+    ends rank 0, the job fails (not the notice status: nothing was saved on the way out) and leaves no
+    process; the rerun resumes from the last saved step to the uninterrupted run's adapter and step
+    log, bit for bit."""
+    from pwopsd.training.notice import EXIT_INTERRUPTED
+
+    args, proc, first = _launch_2_in_background(base, "rank_lost")
+    assert first.exists(), (base / "rank_lost" / "rule.log").read_text()[-3000:]
+    children = psutil.Process(proc.pid).children(recursive=True)
+    rank1 = [p for p in children if p.environ().get("RANK") == "1" and p.environ().get("LOCAL_RANK") == "1"]
+    assert len(rank1) == 1, [(p.pid, p.cmdline()[:3]) for p in children]
+    os.kill(rank1[0].pid, signal.SIGKILL)
+    status = proc.wait(timeout=300)
+    assert status not in (0, EXIT_INTERRUPTED), status
+    time.sleep(1)
+    assert not [p for p in children if psutil.pid_exists(p.pid) and p.status() != psutil.STATUS_ZOMBIE]
+    assert "step-000006" not in {p.name for p in (base / "rank_lost" / "work").glob("step-*")}
+    _rerun_equals(uninterrupted, args, base, "rank_lost")
+
+
 def test_a_crashing_rank_fails_the_job_with_its_traceback_in_the_rule_log(base):
     args = _args(base, "crash", accumulation=2)
     args["manifest"] = str(base / "missing.json")

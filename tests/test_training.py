@@ -9,7 +9,7 @@ import torch
 from conftest import paper_train_config
 from pwopsd.evaluation.grading import integer_answer
 from pwopsd.tiny.arithmetic import sample_problems
-from pwopsd.training.loop import Example, TrainConfig, Trainer, assemble, data_order
+from pwopsd.training.loop import Example, TrainConfig, Trainer, assemble, canonical_adapter_config, data_order
 
 
 def test_assemble_keeps_the_reference_layout():
@@ -341,3 +341,16 @@ def test_bf16_training_merging_and_generation_on_cpu(tmp_path, random_tiny_model
         reference = merged.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=8,
                                     pad_token_id=tiny_tokenizer.pad_token_id)[0, len(prompt):].tolist()
     assert out[1][0].token_ids == reference[: len(out[1][0].token_ids)]  # bf16 greedy = transformers' greedy
+
+
+def test_a_saved_adapter_config_is_the_same_bytes_whatever_order_peft_wrote_its_modules(tmp_path):
+    """PEFT writes target_modules from a set (in the order of the process's string hashes): two
+    processes saving one run wrote different adapter_config.json files before they were sorted."""
+    written = []
+    for i, order in enumerate((["q_proj", "v_proj", "up_proj"], ["up_proj", "q_proj", "v_proj"])):
+        path = tmp_path / f"{i}.json"
+        path.write_text(json.dumps({"target_modules": order, "r": 8, "modules_to_save": None}, indent=2))
+        canonical_adapter_config(path)
+        written.append(path.read_bytes())
+    assert written[0] == written[1]
+    assert json.loads(written[0]) == {"target_modules": ["q_proj", "up_proj", "v_proj"], "r": 8, "modules_to_save": None}

@@ -75,3 +75,39 @@ def export_max_runtime(minutes: int, env: dict | None = None) -> None:
     env = os.environ if env is None else env
     env[MAX_RUNTIME_ENV] = str(int(minutes))
 
+
+
+def slurm_restart(env: Mapping[str, str] | None = None, show_job=None) -> str | None:
+    """A line saying that Slurm restarted this job (requeued after preemption, a failed node or
+    ``scontrol requeue``: the same job id, run again), or None for a first run or outside Slurm.
+
+    The count is ``SLURM_RESTART_COUNT`` where the job sees it; inside a Snakemake job step it does
+    not: the slurm-jobstep executor plugin (0.6.1, ``run_job``) passes its ``srun`` only a few
+    ``SLURM_*`` variables, so the count is then read from ``scontrol show job`` (``show_job``: the
+    function that returns that text for a job id; a test passes its own)."""
+    env = os.environ if env is None else env
+    jobid = env.get("SLURM_JOB_ID")
+    count = env.get("SLURM_RESTART_COUNT")
+    if count is None and jobid:
+        count = restarts_of((show_job or _show_job)(jobid))
+    if not count or str(count).strip() == "0":
+        return None
+    return f"Slurm job {jobid or '?'} restarted (restart {str(count).strip()}): resuming from its last checkpoint"
+
+
+def restarts_of(show_job_text: str | None) -> str | None:
+    """The ``Restarts=`` count of ``scontrol show job`` output (None when it is missing)."""
+    import re
+
+    found = re.search(r"\bRestarts=(\d+)", show_job_text or "")
+    return found[1] if found else None
+
+
+def _show_job(jobid: str) -> str | None:
+    import subprocess
+
+    try:
+        return subprocess.run(["scontrol", "show", "job", "-o", str(jobid)], capture_output=True, text=True,
+                              timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None

@@ -236,22 +236,26 @@ StorageLoc=slurm_acct_db
         raise RuntimeError(f"timed out waiting for {what}\n{self.log_tail('slurmctld')}\n{self.log_tail('slurmd')}")
 
     # -- use -----------------------------------------------------------------------------------
-    def jobs(self) -> list[dict]:
+    def jobs(self, all_runs: bool = False) -> list[dict]:
         """Every job this cluster ran, as ``sacct`` records it: id, state, exit code, requested
         memory, time limit, allocated TRES, partition, account, comment (Snakemake's rule name) and
-        the TRES of its steps."""
+        the TRES of its steps. A requeued job is one record (its last run), or with ``all_runs``
+        one record a run (``sacct -D``: the first ones ``REQUEUED``)."""
         fields = ["jobid", "state", "exit", "reqmem", "timelimit", "tres", "partition", "account", "comment"]
-        out = subprocess.run(["sacct", "-a", "-n", "-P", "-S", "2000-01-01", "--format=JobID,State,ExitCode,ReqMem,"
-                              "Timelimit,AllocTRES,Partition,Account,Comment"], env=self.env(), capture_output=True,
-                             text=True, check=True).stdout
-        jobs: dict[str, dict] = {}
+        out = subprocess.run(["sacct", "-a", "-n", "-P", "-S", "2000-01-01", *(["-D"] if all_runs else []),
+                              "--format=JobID,State,ExitCode,ReqMem,Timelimit,AllocTRES,Partition,Account,Comment"],
+                             env=self.env(), capture_output=True, text=True, check=True).stdout
+        jobs: list[dict] = []
         for line in out.splitlines():
             row = dict(zip(fields, line.split("|")))
             if "." in row["jobid"]:
-                jobs[row["jobid"].split(".")[0]]["steps"].append(row["tres"])
+                run = next(j for j in reversed(jobs) if j["jobid"] == row["jobid"].split(".")[0])
+                run["steps"].append(row["tres"])
             else:
-                jobs[row["jobid"]] = {**row, "state": row["state"].split()[0], "steps": []}
-        return list(jobs.values())
+                if not all_runs:
+                    jobs = [j for j in jobs if j["jobid"] != row["jobid"]]
+                jobs.append({**row, "state": row["state"].split()[0], "steps": []})
+        return jobs
 
     def log_tail(self, name: str, n: int = 4000) -> str:
         path = self.root / "log" / f"{name}.log"

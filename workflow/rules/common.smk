@@ -47,6 +47,7 @@ from pwopsd import cluster as clustermod
 _slurm_defaults = clustermod.resource_args(workflow.resource_settings.default_resources)
 if clustermod.submits_to_slurm(_slurm_defaults):
     from snakemake.resources import Resource
+    from snakemake_interface_executor_plugins.settings import ExecMode
 
     _unset = clustermod.placeholder_problems(_slurm_defaults, workflow.resource_settings.overwrite_resources)
     if _unset:
@@ -67,7 +68,11 @@ if clustermod.submits_to_slurm(_slurm_defaults):
         raise WorkflowError("the partition's time limit is too short:\n  " + "\n  ".join(_short))
     for _problem in _short:
         logger.warning(_problem)
-    TRAIN_RETRIES = costmod.train_retries(config)
+    # Only the main process retries: Snakemake runs a submitted job with --retries 0 in the job,
+    # but a rule's own `retries:` would make the job's Snakemake rerun a job stopped on notice
+    # inside the same allocation (measured on the test Slurm), with the notice already spent and
+    # only the notice window of the time limit left; the main process submits a new job instead.
+    TRAIN_RETRIES = costmod.train_retries(config) if workflow.exec_mode == ExecMode.DEFAULT else 0
 else:
     TRAIN_RETRIES = None  # a local run: Snakemake's --retries
 

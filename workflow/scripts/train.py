@@ -1,5 +1,6 @@
 """Rule train: one model x method training run (torchrun processes when several GPUs are given)."""
 
+from pwopsd.cluster import slurm_restart
 from pwopsd.io import read_json, write_json
 from pwopsd.runtime import set_threads, setup_logging
 from pwopsd.standalone import standalone_snakemake
@@ -10,6 +11,8 @@ from pwopsd.training.notice import exit_on_notice
 def main(snakemake):
     log = setup_logging(snakemake.log[0])
     set_threads(snakemake.threads)
+    if restart := slurm_restart():  # requeued by Slurm: the same job id, run again
+        log.info(restart)
     p = snakemake.params
     args = {
         "manifest": snakemake.input.model,

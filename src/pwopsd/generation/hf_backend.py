@@ -102,6 +102,7 @@ class HFBackend:
         default_seed: int = 0,
         eos_ids: Sequence[int] | None = None,
         progress: bool = False,
+        share_prefill: bool = True,
     ):
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -111,6 +112,7 @@ class HFBackend:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.eos_ids = tuple(sorted(set(eos_ids if eos_ids is not None else default_eos_ids(model, tokenizer))))
         self.progress = progress
+        self.share_prefill = bool(share_prefill)  # False: every sample runs its own prefill (benchmarks)
         self.tokens_generated = 0
 
     def close(self) -> None:
@@ -153,7 +155,8 @@ class HFBackend:
         b = len(items)
         # Samples of one prompt share its prefill: each distinct prompt is run once, and its KV
         # cache and last logits are repeated for its rows (the n samples of a request).
-        prompt_of, distinct = shared_prompts([req.prompt_ids for req, _ in items])
+        rows = [req.prompt_ids for req, _ in items]
+        prompt_of, distinct = shared_prompts(rows) if self.share_prefill else (list(range(b)), [tuple(p) for p in rows])
         plen = max(len(p) for p in distinct)
         ids = torch.full((len(distinct), plen), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(distinct), plen), dtype=torch.long)

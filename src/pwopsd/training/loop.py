@@ -188,6 +188,18 @@ class PromptIds(Sequence):
         return self._ids[i]
 
 
+def canonical_adapter_config(path: Path) -> None:
+    """Rewrite PEFT's ``adapter_config.json`` with its module lists sorted. PEFT writes
+    ``target_modules`` from a set, in the order of the process's string hashes, so the same run
+    saved by two processes (a resumed job) would differ in that file; sorted, a run's adapter is
+    the same bytes whichever process saved it."""
+    cfg = json.loads(path.read_text())
+    for key in ("target_modules", "modules_to_save"):
+        if isinstance(cfg.get(key), list):
+            cfg[key] = sorted(cfg[key])
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
+
+
 def _rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
 
@@ -264,6 +276,7 @@ class Trainer:
         with atomic_path(final) as tmp:
             tmp.mkdir()
             self.model.save_pretrained(tmp)
+            canonical_adapter_config(tmp / "adapter_config.json")
             torch.save({"step": self.step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
                         "rng": _rng_state(), "adapter": get_peft_model_state_dict(self.model),
                         "config": asdict(self.cfg)}, tmp / "trainer_state.pt")
