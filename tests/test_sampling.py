@@ -73,6 +73,53 @@ def test_interrupted_sampling_resumes_from_finished_shards(tmp_path, random_tiny
     assert read_parquet_metadata(out)["sampling"]["seed"] == 3
 
 
+def test_a_notice_signal_saves_the_shard_in_progress_and_the_rerun_generates_only_the_rest(tmp_path, random_tiny_model,
+                                                                                          tiny_tokenizer):
+    """SIGTERM (Slurm's warning, time limit or preemption) during the second of three shards: the
+    shard finishes and is saved, the job stops with Interrupted (exit 75) before the third, no
+    output is written, and the rerun generates the third shard alone, equal to an uninterrupted job."""
+    import os
+    import signal
+
+    from pwopsd.training.notice import Interrupted, Notice
+
+    problems = [f"Compute {i} + 3." for i in range(5)]
+    ids = eval_prompt_ids(tiny_tokenizer, problems, enable_thinking=True, add_special_tokens=False)
+    pids, cfg, meta = [f"p{i}" for i in range(5)], SamplingConfig.from_evaluation(EVAL, seed=5), {"model": "random"}
+    reference = sample_benchmark(CountingBackend(random_tiny_model, tiny_tokenizer), pids, ids, cfg,
+                                 output=tmp_path / "ref.parquet", metadata=meta, shard_size=2)
+
+    class SignalledBackend(CountingBackend):
+        def generate(self, requests):
+            if self.calls == 1:  # inside the second shard
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().generate(requests)
+
+    out = tmp_path / "gen.parquet"
+    backend = SignalledBackend(random_tiny_model, tiny_tokenizer)
+    with Notice() as notice, pytest.raises(Interrupted, match="stopped on SIGTERM with 2 of 3 shards saved"):
+        sample_benchmark(backend, pids, ids, cfg, output=out, metadata=meta, shard_size=2, notice=notice)
+    assert backend.calls == 2 and not out.exists()
+    rerun = CountingBackend(random_tiny_model, tiny_tokenizer)
+    pd.testing.assert_frame_equal(sample_benchmark(rerun, pids, ids, cfg, output=out, metadata=meta, shard_size=2), reference)
+    assert rerun.calls == 1
+
+
+def test_a_job_with_several_outputs_keeps_every_shard_until_all_are_written(tmp_path, random_tiny_model, tiny_tokenizer):
+    """Snakemake deletes every output of a job that stops early: a benchmark written before the stop
+    is then sampled again from its kept shards, with no generation."""
+    problems = [f"Compute {i} - 1." for i in range(3)]
+    ids = eval_prompt_ids(tiny_tokenizer, problems, enable_thinking=True, add_special_tokens=False)
+    pids, cfg, meta = [f"p{i}" for i in range(3)], SamplingConfig.from_evaluation(EVAL, seed=2), {"model": "random"}
+    out = tmp_path / "first.parquet"
+    first = sample_benchmark(CountingBackend(random_tiny_model, tiny_tokenizer), pids, ids, cfg, output=out,
+                             metadata=meta, clear=False)
+    out.unlink()  # the job stopped on a later benchmark: Snakemake removed this output
+    again = CountingBackend(random_tiny_model, tiny_tokenizer)
+    pd.testing.assert_frame_equal(sample_benchmark(again, pids, ids, cfg, output=out, metadata=meta), first)
+    assert again.calls == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["first.parquet"]
+
+
 def test_changed_settings_do_not_reuse_stale_shards(tmp_path, random_tiny_model, tiny_tokenizer):
     ids = eval_prompt_ids(tiny_tokenizer, ["Compute 1 + 2.", "Compute 3 + 4."], enable_thinking=True, add_special_tokens=False)
     out = tmp_path / "gen.parquet"

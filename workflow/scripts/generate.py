@@ -7,6 +7,7 @@ from pwopsd.models import read_manifest
 from pwopsd.runtime import set_threads, setup_logging, versions
 from pwopsd.settings import execution_settings
 from pwopsd.standalone import standalone_snakemake
+from pwopsd.training.notice import exit_on_notice
 
 
 def main(snakemake):
@@ -17,17 +18,18 @@ def main(snakemake):
     seeds = {s: (seed, [generation_path(wc.model, wc.checkpoint, b, s) for b in names])
              for s, seed in snakemake.params.seeds.items()}
     assert sorted(p for _, outs in seeds.values() for p in outs) == sorted(snakemake.output.generations)
-    run_generations(
-        benchmarks=[(name, read_parquet(table)) for name, table in zip(names, snakemake.input.benchmarks)],
-        seeds=seeds,
-        manifest=read_manifest(snakemake.input.model),
-        settings=snakemake.params.sampling,
-        chat_template=snakemake.params.chat_template,
-        dtype=snakemake.params.dtype,
-        backend_name=snakemake.params.backend,
-        backend_options=execution_settings(snakemake.config, wc.model)["backend_options"],
-        metadata={"model": wc.model, "checkpoint": wc.checkpoint, "versions": versions()},
-    )
+    with exit_on_notice(console=True):  # a notice signal: the shard in progress is saved, then exit 75
+        run_generations(
+            benchmarks=[(name, read_parquet(table)) for name, table in zip(names, snakemake.input.benchmarks)],
+            seeds=seeds,
+            manifest=read_manifest(snakemake.input.model),
+            settings=snakemake.params.sampling,
+            chat_template=snakemake.params.chat_template,
+            dtype=snakemake.params.dtype,
+            backend_name=snakemake.params.backend,
+            backend_options=execution_settings(snakemake.config, wc.model)["backend_options"],
+            metadata={"model": wc.model, "checkpoint": wc.checkpoint, "versions": versions()},
+        )
 
 
 if __name__ == "__main__":

@@ -97,6 +97,7 @@ def generate_resumable(
     partial: Path,
     shard_size: int = 100,
     token_ids: bool = False,
+    notice=None,
 ) -> pd.DataFrame:
     """Run ``requests`` in shards of ``shard_size`` requests; one row per completion.
 
@@ -104,6 +105,9 @@ def generate_resumable(
     ``text``, ``num_tokens``, ``finish_reason``, ``prompt_tokens`` (and ``token_ids`` when asked).
     Each finished shard is saved under ``partial`` and reused when the job is restarted; the
     caller names ``partial`` (:func:`partial_dir`) from everything that determines the samples.
+    With a ``notice`` (:class:`pwopsd.training.notice.Notice`) that has received its signal, the
+    shard in progress is finished and saved, and :class:`~pwopsd.training.notice.Interrupted` is
+    raised before the next one: the job exits resumable and its rerun loses nothing.
     """
     if len(keys) != len(requests):
         raise ValueError(f"{len(keys)} key rows for {len(requests)} requests")
@@ -117,6 +121,7 @@ def generate_resumable(
             log.info("shard %d/%d already done, reusing %s", s + 1, n_shards, shard_file)
             frames.append(pd.read_parquet(shard_file))
             continue
+        stop_on_notice(notice, f"{s} of {n_shards} shards saved in {partial}")  # before a shard, not after the last
         lo, hi = s * shard_size, min(len(requests), (s + 1) * shard_size)
         results = backend.generate(requests[lo:hi])
         rows = []
@@ -137,6 +142,15 @@ def generate_resumable(
     return pd.concat(frames, ignore_index=True)
 
 
+def stop_on_notice(notice, saved: str) -> None:
+    """Raise :class:`~pwopsd.training.notice.Interrupted` when ``notice`` has received its signal
+    (``saved``: what the rerun resumes from)."""
+    if notice is not None and notice.received:
+        from pwopsd.training.notice import Interrupted
+
+        raise Interrupted(f"stopped on {notice.received} with {saved}; a rerun resumes from it", step=0)
+
+
 def sample_benchmark(
     backend: Backend,
     problem_ids: Sequence[str],
@@ -146,18 +160,23 @@ def sample_benchmark(
     output: str | Path,
     metadata: dict[str, Any],
     shard_size: int = 100,
+    notice=None,
+    clear: bool = True,
 ) -> pd.DataFrame:
-    """Generate ``sampling.n`` samples per problem and write the generations parquet at ``output``."""
+    """Generate ``sampling.n`` samples per problem and write the generations parquet at ``output``
+    (its shards are removed then, unless ``clear`` is False: a job with several outputs keeps them
+    until all are written, since Snakemake deletes every output of a job that stops early)."""
     t0 = time.time()
     requests = [sampling.request(p) for p in prompt_ids]
     key = {"meta": metadata, "sampling": sampling.__dict__, "ids": list(problem_ids), "prompts": [list(p) for p in prompt_ids]}
     table = generate_resumable(backend, requests, [{"problem_id": pid} for pid in problem_ids],
-                               partial=partial_dir(output, key), shard_size=shard_size)
+                               partial=partial_dir(output, key), shard_size=shard_size, notice=notice)
     meta = {**metadata, "sampling": sampling.__dict__, "backend": backend.versions(),
             "reproducible": sampling.seed is not None or backend.unseeded_reproducible,
             "seconds": round(time.time() - t0, 3)}
     write_parquet(table, output, metadata=meta)
-    clear_partial(output)
+    if clear:
+        clear_partial(output)
     return table
 
 
@@ -218,20 +237,27 @@ def run_generations(
     """
     from pwopsd.models import load_tokenizer
 
+    from pwopsd.training.notice import Notice
+
     first = SamplingConfig.from_evaluation(settings, None)
     tokenizer = load_tokenizer(manifest)
-    with make_backend(backend_name, manifest, dtype=dtype, max_model_len=first.max_model_len,
-                      min_p=first.min_p, options=backend_options, tokenizer=tokenizer) as backend:
+    # On a notice signal (Slurm's warning, time limit, preemption) the shard in progress is finished
+    # and the job stops resumable; every finished shard is kept until the last output is written.
+    with Notice() as notice, make_backend(backend_name, manifest, dtype=dtype, max_model_len=first.max_model_len,
+                                          min_p=first.min_p, options=backend_options, tokenizer=tokenizer) as backend:
         for seed_name, (seed, outputs) in seeds.items():
             sampling = SamplingConfig.from_evaluation(settings, seed)
             for (name, table), output in zip(benchmarks, outputs, strict=True):
                 _sample_one_benchmark(backend, tokenizer, name, table, output, manifest=manifest, settings=settings,
                                       sampling=sampling, chat_template=chat_template,
-                                      metadata={**metadata, "seed_name": seed_name})
+                                      metadata={**metadata, "seed_name": seed_name}, notice=notice)
+    for _, outputs in seeds.values():
+        for output in outputs:
+            clear_partial(output)
 
 
 def _sample_one_benchmark(backend, tokenizer, name, table, output, *, manifest, settings, sampling, chat_template,
-                      metadata) -> None:
+                          metadata, notice=None) -> None:
     ids = eval_prompt_ids(
         tokenizer,
         list(table["problem"]),
@@ -249,7 +275,7 @@ def _sample_one_benchmark(backend, tokenizer, name, table, output, *, manifest, 
         "chat_template": chat_template,
     }
     log.info("sampling %s (%d problems)", name, len(table))
-    sample_benchmark(backend, list(table["id"]), ids, sampling, output=output, metadata=meta)
+    sample_benchmark(backend, list(table["id"]), ids, sampling, output=output, metadata=meta, notice=notice, clear=False)
 
 
 def generation_path(model: str, checkpoint: str, benchmark: str, seed: str) -> str:
