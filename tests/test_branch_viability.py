@@ -110,6 +110,40 @@ def test_spines_fall_back_when_greedy_has_no_boxed(spines, random_tiny_model, ti
     assert [list(x) for x in again["spine_ids"]] == [list(x) for x in spines["spine_ids"]]  # seeded, batch-independent
 
 
+def test_spines_stop_on_notice_at_a_shard_boundary_and_resume(spines, random_tiny_model, tiny_tokenizer, settings, tmp_path):
+    """A notice signal during the spines' first shard (Slurm's warning, time limit or preemption):
+    that shard is kept, the phase stops with Interrupted before the next, and the rerun ends with
+    the spines of an uninterrupted run."""
+    import os
+    import signal
+
+    from pwopsd.generation.hf_backend import HFBackend
+    from pwopsd.training.notice import Interrupted, Notice
+
+    problems = spines[["dataset", "problem_id", "problem", "answer", "solution"]]
+
+    class Signalled(HFBackend):
+        calls = 0
+
+        def generate(self, requests):
+            self.calls += 1
+            if self.calls == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().generate(requests)
+
+    root = lambda key: partial_dir(tmp_path / "spines.parquet", key)  # noqa: E731
+    backend = Signalled(random_tiny_model, tiny_tokenizer, batch_size=8)
+    with Notice() as notice, pytest.raises(Interrupted, match="1 of 2 shards saved"):
+        bv.run_spines(backend, tiny_tokenizer, problems, settings, grade=grade, partial_root=root, shard_size=2,
+                      notice=notice)
+    assert backend.calls == 1
+    rerun = Signalled(random_tiny_model, tiny_tokenizer, batch_size=8)
+    rerun.calls = 1  # no signal this time
+    again = bv.run_spines(rerun, tiny_tokenizer, problems, settings, grade=grade, partial_root=root, shard_size=2)
+    assert rerun.calls == 1 + 1 + 2  # the greedy pass's second shard, then the fallback's two
+    pd.testing.assert_frame_equal(again, spines)
+
+
 def test_teacher_pass_and_candidates(spines, random_tiny_model, tiny_tokenizer, settings):
     import torch
 

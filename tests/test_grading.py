@@ -279,3 +279,109 @@ def test_long_log_messages_are_cut_and_a_failing_job_prints_its_cause(tmp_path):
     log = (tmp_path / "job.log").read_text()
     assert "Traceback" in log and "second line" in log
     assert max(len(line) for line in log.splitlines()) < 2200 and "more characters cut" in log
+
+
+def _grade_job_files(tmp_path, n_pairs=3):
+    """Generations and benchmark files of a grade job with ``n_pairs`` benchmark-seed pairs."""
+    from pwopsd.io import write_parquet
+
+    pairs, tables = [], {}
+    for k in range(n_pairs):
+        name = f"bench{k}"
+        tables[name] = str(tmp_path / f"{name}.parquet")
+        write_parquet(pd.DataFrame({"id": ["a", "b"], "answer": [str(k), "7"]}), tables[name])
+        texts = [f"so \\boxed{{{k + d}}}" for d in (0, 1, 0)] + ["no answer", "\\boxed{7}", "\\boxed{7.0}"]
+        gens = tmp_path / f"gen-{name}.parquet"
+        write_parquet(pd.DataFrame({"problem_id": ["a"] * 3 + ["b"] * 3, "sample_index": [0, 1, 2] * 2, "text": texts}), gens)
+        pairs.append((name, "1", str(gens), str(tmp_path / "graded" / f"{name}.parquet"),
+                      str(tmp_path / "metrics" / f"{name}.json")))
+    return pairs, tables
+
+
+def _graded_outputs(pairs):
+    import json
+
+    frames = [pd.read_parquet(p[3]).drop(columns="grade_seconds") for p in pairs]  # timings differ from run to run
+    return frames, [json.loads(Path(p[4]).read_text()) for p in pairs]
+
+
+def test_a_notice_signal_stops_grading_between_pairs_and_the_rerun_grades_only_the_rest(tmp_path):
+    """SIGTERM to the grade job and its grader workers (Slurm signals every process of a job) while
+    it grades the second of three benchmark-seed pairs: that pair is finished and kept, the job stops
+    with Interrupted (exit 75) before the third; Snakemake deletes the outputs written so far, and
+    the rerun grades the third pair alone, with the grades and metrics of an uninterrupted job."""
+    import os
+    import signal
+
+    from pwopsd.evaluation.pipeline import grade_checkpoint
+    from pwopsd.training.notice import Interrupted, Notice
+
+    pairs, tables = _grade_job_files(tmp_path)
+    ref_pairs = [(*p[:3], p[3].replace("/graded/", "/ref_graded/"), p[4].replace("/metrics/", "/ref_metrics/")) for p in pairs]
+    meta = {"model": "m", "checkpoint": "c"}
+    with GraderPool(workers=2) as pool:
+        grade_checkpoint(ref_pairs, tables, pool=pool, meta=meta)
+    reference = _graded_outputs(ref_pairs)
+    assert reference[1][0]["metrics_pct"]["avg"] == pytest.approx(100 * (2 / 3 + 2 / 3) / 2)
+
+    class Counting(GraderPool):
+        batches, signal_at = 0, None
+
+        def grade_pairs(self, *args, **kwargs):
+            self.batches += 1
+            if self.batches == self.signal_at:  # inside the second pair's grading
+                for pid in [os.getpid(), *(w.proc.pid for w in self._workers)]:
+                    os.kill(pid, signal.SIGTERM)
+            return super().grade_pairs(*args, **kwargs)
+
+    with Notice() as notice, Counting(workers=2) as pool:
+        pool.signal_at = 4  # each pair: one batch of gold grades, one of Maj clustering a problem
+        with pytest.raises(Interrupted, match="stopped on SIGTERM with 2 of 3 benchmark-seed pairs graded"):
+            grade_checkpoint(pairs, tables, pool=pool, meta=meta, notice=notice)
+        assert all(w.proc.is_alive() for w in pool._workers)  # the workers ignore the notice
+        assert pool.batches == 6
+    assert [Path(p[4]).exists() for p in pairs] == [True, True, False]
+    for p in pairs[:2]:  # Snakemake deletes a stopped job's outputs
+        os.remove(p[3]), os.remove(p[4])
+    with Counting(workers=2) as pool:
+        grade_checkpoint(pairs, tables, pool=pool, meta=meta)
+        assert pool.batches == 3  # the third pair only
+    for got, want in zip(_graded_outputs(pairs)[0], reference[0]):
+        pd.testing.assert_frame_equal(got, want)
+    assert _graded_outputs(pairs)[1] == reference[1]
+    assert not list((tmp_path / "graded").glob(".*"))  # the kept pairs are removed once every output is written
+
+
+def test_a_kept_pair_is_graded_again_when_its_generations_change(tmp_path):
+    """A kept pair is keyed by the sha256 of its generations and benchmark files: a rerun after the
+    generations were redone grades them, never answers from the kept grades."""
+    import os
+    from types import SimpleNamespace
+
+    from pwopsd.evaluation.pipeline import grade_checkpoint
+    from pwopsd.io import write_parquet
+    from pwopsd.training.notice import Interrupted
+
+    pairs, tables = _grade_job_files(tmp_path, n_pairs=2)
+    notice = SimpleNamespace(received="SIGTERM")  # as if signalled while the first pair was graded
+    with GraderPool(workers=1) as pool:
+        with pytest.raises(Interrupted, match="1 of 2"):
+            grade_checkpoint(pairs, tables, pool=pool, meta={}, notice=_after_first_pair(notice, pairs))
+        first = _graded_outputs(pairs[:1])[1][0]
+        os.remove(pairs[0][3]), os.remove(pairs[0][4])
+        gens = pd.read_parquet(pairs[0][2])
+        write_parquet(gens.assign(text="\\boxed{7}"), pairs[0][2])  # the generations were redone
+        second = grade_checkpoint(pairs, tables, pool=pool, meta={})[0]
+    assert first["metrics_pct"]["avg"] == pytest.approx(100 * (2 / 3 + 2 / 3) / 2)
+    assert second["metrics_pct"]["avg"] == pytest.approx(50.0)  # every sample answers 7: problem a wrong, b right
+
+
+class _after_first_pair:
+    """A notice that reports its signal once the first pair's metrics exist."""
+
+    def __init__(self, notice, pairs):
+        self._notice, self._first = notice, Path(pairs[0][4])
+
+    @property
+    def received(self):
+        return self._notice.received if self._first.exists() else None

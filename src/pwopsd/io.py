@@ -31,6 +31,21 @@ def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def partial_dir(output: str | os.PathLike, key: Any) -> Path:
+    """Where the finished shards of a resumable job for ``output`` are kept (generation shards,
+    graded benchmark-seed pairs): a hidden sibling folder (not a declared output, so Snakemake
+    does not delete it when the job stops early), one subfolder per fingerprint of ``key``."""
+    output = Path(output)
+    return output.parent / f".{output.name}.partial" / fingerprint(key)
+
+
+def clear_partial(output: str | os.PathLike) -> None:
+    import shutil
+
+    output = Path(output)
+    shutil.rmtree(output.parent / f".{output.name}.partial", ignore_errors=True)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it onto ``path`` only on success.

@@ -9,6 +9,7 @@ from pwopsd.models import load_tokenizer, read_manifest
 from pwopsd.runtime import provenance, set_threads, setup_logging
 from pwopsd.settings import execution_settings
 from pwopsd.standalone import standalone_snakemake
+from pwopsd.training.notice import Notice, exit_on_notice
 
 
 def main(snakemake):
@@ -19,11 +20,14 @@ def main(snakemake):
     requests, keys = forced_continuation_plan(read_parquet(snakemake.input.spines),
                                               read_parquet(snakemake.input.candidates), s)
     t0 = time.time()
-    with make_backend(snakemake.params.backend, manifest, dtype=s["dtype"],
-                      max_model_len=s["forced_continuation"]["max_model_len"],
-                      options=execution_settings(snakemake.config, snakemake.wildcards.model)["backend_options"],
-                      tokenizer=load_tokenizer(manifest)) as backend:
-        table = generate_resumable(backend, requests, keys, partial=partial_dir(out, {"requests": requests, "keys": keys}))
+    # On a notice signal the shard in progress is saved and the job exits 75 (resumable) before the next.
+    with exit_on_notice(console=True), Notice() as notice, \
+            make_backend(snakemake.params.backend, manifest, dtype=s["dtype"],
+                         max_model_len=s["forced_continuation"]["max_model_len"],
+                         options=execution_settings(snakemake.config, snakemake.wildcards.model)["backend_options"],
+                         tokenizer=load_tokenizer(manifest)) as backend:
+        table = generate_resumable(backend, requests, keys, partial=partial_dir(out, {"requests": requests, "keys": keys}),
+                                   notice=notice)
     write_parquet(table, out, metadata=provenance(manifest, phase="E", settings=s, backend=backend.versions(),
                                                   seconds=round(time.time() - t0, 3)))
     clear_partial(out)

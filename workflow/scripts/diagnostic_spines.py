@@ -8,6 +8,7 @@ from pwopsd.models import load_tokenizer, read_manifest
 from pwopsd.runtime import provenance, set_threads, setup_logging
 from pwopsd.settings import execution_settings
 from pwopsd.standalone import standalone_snakemake
+from pwopsd.training.notice import Notice, exit_on_notice
 
 
 def main(snakemake):
@@ -19,9 +20,13 @@ def main(snakemake):
     tables = {name: read_parquet(path) for name, path in zip(snakemake.params.datasets, snakemake.input.benchmarks)}
     problems = sample_problems(tables, dict(s["datasets"]), int(s["sample_seed"]))
     grade = answer_grader(snakemake.params.grading, snakemake.threads)
-    with make_backend(snakemake.params.backend, manifest, dtype=s["dtype"], max_model_len=s["spine"]["max_model_len"],
-                      options=execution_settings(snakemake.config, snakemake.wildcards.model)["backend_options"], tokenizer=tokenizer) as backend:
-        spines = run_spines(backend, tokenizer, problems, s, grade=grade, partial_root=lambda key: partial_dir(out, key))
+    # On a notice signal the shard in progress is saved and the job exits 75 (resumable) before the next.
+    with exit_on_notice(console=True), Notice() as notice, \
+            make_backend(snakemake.params.backend, manifest, dtype=s["dtype"], max_model_len=s["spine"]["max_model_len"],
+                         options=execution_settings(snakemake.config, snakemake.wildcards.model)["backend_options"],
+                         tokenizer=tokenizer) as backend:
+        spines = run_spines(backend, tokenizer, problems, s, grade=grade, partial_root=lambda key: partial_dir(out, key),
+                            notice=notice)
     write_parquet(spines, out, metadata=provenance(manifest, phase="A", settings=s, grading=snakemake.params.grading,
                                                    backend=backend.versions()))
     clear_partial(out)

@@ -178,11 +178,12 @@ def boxed_start(tokenizer, spine_ids: Sequence[int], marker: str = "\\boxed") ->
 
 
 def run_spines(backend, tokenizer, problems: pd.DataFrame, settings: dict, *, grade, partial_root,
-               shard_size: int = 50) -> pd.DataFrame:
+               shard_size: int = 50, notice=None) -> pd.DataFrame:
     """Greedy student-template rollouts, then a seeded T=``fallback_temperature`` rollout for the
     problems whose greedy spine has no ``\\boxed{...}``; the spine's answer is graded with
     ``grade(predictions, golds) -> list[bool]``. Resumable through ``partial_root`` (a function
-    of a fingerprint key returning a folder, :func:`pwopsd.generation.sampling.partial_dir`)."""
+    of a fingerprint key returning a folder, :func:`pwopsd.io.partial_dir`); with a ``notice``,
+    it stops at a shard boundary as :func:`pwopsd.generation.sampling.generate_resumable`."""
     from pwopsd.generation.sampling import PromptTooLongError, SamplingConfig, generate_resumable
 
     sp = settings["spine"]
@@ -202,7 +203,7 @@ def run_spines(backend, tokenizer, problems: pd.DataFrame, settings: dict, *, gr
     keys = problems[PROBLEM_KEY].to_dict("records")
     greedy_reqs = [request(ids, 0.0, None) for ids in prompt_ids]
     greedy = generate_resumable(backend, greedy_reqs, keys, partial=partial_root({"greedy": greedy_reqs, "keys": keys}),
-                                shard_size=shard_size, token_ids=True)
+                                shard_size=shard_size, token_ids=True, notice=notice)
     greedy["decoding"] = "greedy"
     redo = [i for i, text in enumerate(greedy["text"]) if extract_boxed(text) is None]
     log.info("spines: %d/%d greedy rollouts reach \\boxed; %d fall back to T=%s", len(greedy) - len(redo), len(greedy),
@@ -211,7 +212,7 @@ def run_spines(backend, tokenizer, problems: pd.DataFrame, settings: dict, *, gr
         fb_reqs = [request(prompt_ids[i], float(sp["fallback_temperature"]), int(sp["seed"])) for i in redo]
         fb_keys = [keys[i] for i in redo]
         fallback = generate_resumable(backend, fb_reqs, fb_keys, partial=partial_root({"fallback": fb_reqs, "keys": fb_keys}),
-                                      shard_size=shard_size, token_ids=True)
+                                      shard_size=shard_size, token_ids=True, notice=notice)
         fallback["decoding"] = "fallback"
         greedy = pd.concat([greedy.drop(index=redo), fallback]).set_index(PROBLEM_KEY).loc[
             pd.MultiIndex.from_frame(problems[PROBLEM_KEY])].reset_index()

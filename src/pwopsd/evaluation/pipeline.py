@@ -4,13 +4,16 @@ seed aggregate (rule ``aggregate_metrics``)."""
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from typing import Any
 
 import pandas as pd
 
-from pwopsd.evaluation.grading import STATUS_OVER_BUDGET, STATUS_TIMEOUT, GraderPool, GradingOptions, extract_boxed
+from pwopsd.evaluation.grading import STATUS_CRASHED, STATUS_OVER_BUDGET, STATUS_TIMEOUT, GraderPool, GradingOptions, extract_boxed
 from pwopsd.evaluation.metrics import METRICS, aggregate_seeds, clustering_pairs, maj_clusters, metrics_from_grades
+from pwopsd.io import atomic_path, clear_partial, partial_dir, read_json, read_parquet, sha256_file, write_json, write_parquet
+from pwopsd.training.notice import stop_on_notice
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +105,49 @@ def grade_run(generations: pd.DataFrame, benchmark: pd.DataFrame, *, pool: Grade
         "verdicts": verdicts or "default",
         "metrics_pct": seed_summary(problems),
         "metrics_pct_by_grader": {name: seed_summary(p) for name, p in by_grader.items()},
-        "grading": {"timeouts": int((graded["grade_status"] == STATUS_TIMEOUT).sum()), **pool.stats},
+        # this pair's own counts (the pool's running totals, which depend on what it graded before, go to the log)
+        "grading": {"timeouts": int((graded["grade_status"] == STATUS_TIMEOUT).sum()),
+                    "crashes": int((graded["grade_status"] == STATUS_CRASHED).sum()),
+                    "maj_over_budget": int(problems["maj_over_budget"].sum())},
         "problems": problems.to_dict(orient="records"),
     }
     return graded, summary
+
+
+def grade_checkpoint(pairs: list[tuple[str, str, str, str, str]], benchmark_tables: dict[str, str], *, pool: GraderPool,
+                     meta: dict[str, Any], maj_budget: float | None = None, graders: dict[str, GradingOptions] | None = None,
+                     verdicts: str | None = None, notice=None) -> list[dict]:
+    """Rule ``grade``: grade each ``(benchmark, seed_name, generations, graded_out, metrics_out)``
+    of ``pairs`` and write its graded samples and metrics; returns the metrics summaries.
+
+    Resumable, one benchmark-seed pair a shard: a graded pair is saved under its hidden partial
+    folder (:func:`pwopsd.io.partial_dir`, keyed by the sha256 of its generations and benchmark
+    files and by ``meta``: grading options and library versions), which a rerun reuses; Snakemake
+    deletes every output of a job that stops early, so every saved pair is kept until the last
+    output is written. With a ``notice`` (:class:`pwopsd.training.notice.Notice`) that has
+    received its signal, the job stops with ``Interrupted`` before the next pair."""
+    summaries = []
+    for i, (name, seed_name, generations, graded_out, metrics_out) in enumerate(pairs):
+        pair_meta = {**meta, "benchmark": name, "seed_name": seed_name}
+        saved = partial_dir(graded_out, {"generations": sha256_file(generations),
+                                         "benchmark": sha256_file(benchmark_tables[name]), "meta": pair_meta})
+        if (saved / "metrics.json").exists():
+            log.info("%s: graded before this attempt, reusing %s", metrics_out, saved)
+        else:
+            stop_on_notice(notice, f"{i} of {len(pairs)} benchmark-seed pairs graded and kept")
+            graded, summary = grade_run(read_parquet(generations), read_parquet(benchmark_tables[name]), pool=pool,
+                                        meta=pair_meta, maj_budget=maj_budget, graders=graders, verdicts=verdicts)
+            write_parquet(graded, saved / "graded.parquet", metadata=pair_meta)
+            write_json(summary, saved / "metrics.json")  # last: its presence says the pair is complete
+        with atomic_path(graded_out) as tmp:
+            shutil.copyfile(saved / "graded.parquet", tmp)
+        with atomic_path(metrics_out) as tmp:
+            shutil.copyfile(saved / "metrics.json", tmp)
+        summaries.append(read_json(metrics_out))
+        log.info("%s: %s", metrics_out, summaries[-1]["metrics_pct"])
+    for pair in pairs:
+        clear_partial(pair[3])
+    return summaries
 
 
 def seed_table(summaries: list[dict]) -> pd.DataFrame:

@@ -10,7 +10,6 @@ atomically at the end.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,8 @@ import pandas as pd
 
 from pwopsd import prompts
 from pwopsd.generation import Backend, GenerationRequest
-from pwopsd.io import fingerprint, write_parquet
+from pwopsd.io import clear_partial, partial_dir, write_parquet  # noqa: F401 (imported from here by scripts)
+from pwopsd.training.notice import stop_on_notice
 
 log = logging.getLogger(__name__)
 
@@ -77,18 +77,6 @@ def eval_prompt_ids(tokenizer, problems: Sequence[str], *, enable_thinking: bool
     ]
 
 
-def partial_dir(output: str | Path, key: Any) -> Path:
-    """Where the finished shards of a resumable generation for ``output`` are kept: a hidden
-    sibling folder (not a declared output), one subfolder per fingerprint of ``key``."""
-    output = Path(output)
-    return output.parent / f".{output.name}.partial" / fingerprint(key)
-
-
-def clear_partial(output: str | Path) -> None:
-    output = Path(output)
-    shutil.rmtree(output.parent / f".{output.name}.partial", ignore_errors=True)
-
-
 def generate_resumable(
     backend: Backend,
     requests: Sequence[GenerationRequest],
@@ -140,15 +128,6 @@ def generate_resumable(
         return pd.DataFrame(columns=[*(keys[0] if keys else {}), "sample_index", "text", "num_tokens", "finish_reason",
                                      "prompt_tokens"])
     return pd.concat(frames, ignore_index=True)
-
-
-def stop_on_notice(notice, saved: str) -> None:
-    """Raise :class:`~pwopsd.training.notice.Interrupted` when ``notice`` has received its signal
-    (``saved``: what the rerun resumes from)."""
-    if notice is not None and notice.received:
-        from pwopsd.training.notice import Interrupted
-
-        raise Interrupted(f"stopped on {notice.received} with {saved}; a rerun resumes from it", step=0)
 
 
 def sample_benchmark(

@@ -71,6 +71,13 @@ class Notice:
         self._previous.clear()
 
 
+def stop_on_notice(notice: "Notice | None", saved: str) -> None:
+    """Raise :class:`Interrupted` when ``notice`` has received its signal, between two shards of a
+    job that works in shards (generation, grading): ``saved`` says what the rerun resumes from."""
+    if notice is not None and notice.received:
+        raise Interrupted(f"stopped on {notice.received} with {saved}; a rerun resumes from it", step=0)
+
+
 def agreed(flag: bool, world: int) -> bool:
     """Whether any rank has ``flag`` set: every rank gets the same answer at the same step (one
     all-reduce a step, with several processes), so all of them stop after the same step."""
