@@ -1,6 +1,7 @@
 """Answer extraction and grading: the reference's extraction rules, every real gold against
 itself and a re-typeset form, math-verify's known traps, the hard time limit."""
 
+import dataclasses
 import re
 import time
 from pathlib import Path
@@ -51,6 +52,16 @@ def retypeset(gold: str) -> str:
     return s
 
 
+# Verdict tests grade with time limits no loaded CI host reaches (the pool's and math-verify's own
+# parse and verify limits): a grade cut by a limit reads as wrong, and three real golds passed the
+# configured 5 s on a loaded 2-core host. The limits themselves are tested below.
+VERDICT_TIMEOUT = 60
+
+
+def patient(options=GradingOptions()):
+    return dataclasses.replace(options, parse_timeout=VERDICT_TIMEOUT, verify_timeout=VERDICT_TIMEOUT)
+
+
 @pytest.fixture(scope="module")
 def real_golds():
     rows = []
@@ -63,7 +74,7 @@ def real_golds():
 
 @pytest.fixture(scope="module")
 def pool():
-    with GraderPool(workers=2, timeout=10) as p:
+    with GraderPool(workers=2, timeout=VERDICT_TIMEOUT, options=patient()) as p:
         yield p
 
 
@@ -79,10 +90,11 @@ def test_every_real_gold_matches_itself_and_a_retypeset(real_golds, pool):
 
 
 def test_reference_grader_can_never_score_the_dollar_golds(real_golds):
-    with GraderPool(workers=2, options=REFERENCE) as ref_pool:
+    with GraderPool(workers=2, options=patient(REFERENCE), timeout=VERDICT_TIMEOUT) as ref_pool:
         selfs = ref_pool.grade_pairs([(g, g) for _, _, g in real_golds])
     assert {r[1] for r, x in zip(real_golds, selfs) if not x.correct} == DOLLAR_GOLDS
-    with GraderPool(workers=2, options=GradingOptions(string_fallback="exception", gold_wrapping="boxed")) as boxed:
+    with GraderPool(workers=2, options=patient(GradingOptions(string_fallback="exception", gold_wrapping="boxed")),
+                    timeout=VERDICT_TIMEOUT) as boxed:
         assert all(g.correct for g in boxed.grade_pairs([("\\$18.90", "18.90"), ("\\$36", "36")]))
 
 
@@ -112,7 +124,7 @@ def test_known_traps_match_the_spec(pool, gold, pred, expected):
 
 
 def test_grade_pair_is_gold_first():
-    assert grade_pair("x<3", "(-\\infty, 3)") and not grade_pair("(-\\infty, 3)", "x<3")
+    assert grade_pair("x<3", "(-\\infty, 3)", patient()) and not grade_pair("(-\\infty, 3)", "x<3", patient())
 
 
 def test_string_fallback_modes():
@@ -160,7 +172,7 @@ def test_every_grader_is_carried_beside_the_verdicts():
     gens = pd.DataFrame({"problem_id": "p", "sample_index": range(len(texts)), "text": texts})
     bench = pd.DataFrame({"id": ["p"], "answer": ["\\$18.90"]})
     graders = {"reference": REFERENCE, "corrected": CORRECTED}
-    with GraderPool(workers=2, options=REFERENCE) as pool:
+    with GraderPool(workers=2, options=patient(REFERENCE), timeout=VERDICT_TIMEOUT) as pool:
         graded, summary = grade_run(gens, bench, pool=pool, meta={"model": "m", "checkpoint": "c", "benchmark": "b",
                                                                    "seed_name": "main"}, graders=graders, verdicts="reference")
     assert graded["correct"].tolist() == [False] * 6
