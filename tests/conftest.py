@@ -222,33 +222,12 @@ def pytest_configure(config):
     _TMP["config"] = config  # its temporary-path factory exists once every plugin is configured
 
 
-# The long parts in the order they finish in a full run (the phase report's end times): a test that
-# waits on a later one runs later, so the foreground runs everything else while the parts work.
-PART_FINISH_ORDER = ["slurm_cluster", "vllm_stack_env", "vllm_python", "vllm_diagnostic", "slurm_run",
-                     "second_kernel_path_build", "vllm_engine_tests", "slurm_training", "tiny_run"]
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Before ``-m`` selects: mark the tests that need a long part, or the package index, ``heavy``.
-
-    Run order: modules whose tests wait on no long part first, then by the last part any of their
-    tests waits on; within a module, its tests that wait on nothing first. Tests of a module stay
-    together (module fixtures, e.g. the test Slurm, end with their module) and keep their order
-    otherwise."""
+    """Before ``-m`` selects: mark the tests that need a long part, or the package index, ``heavy``."""
     for item in items:
         if set(item.fixturenames) & set(FIXTURE_PARTS) or item.get_closest_marker("network"):
             item.add_marker(pytest.mark.heavy)
-
-    def rank(item):
-        return max([PART_FINISH_ORDER.index(f) + 1 for f in item.fixturenames if f in PART_FINISH_ORDER], default=0)
-
-    module_rank, first = {}, {}
-    for i, item in enumerate(items):
-        module_rank[item.module] = max(module_rank.get(item.module, 0), rank(item))
-        first.setdefault(item.module, i)
-    position = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda it: (module_rank[it.module], first[it.module], rank(it), position[id(it)]))
 
 
 def pytest_collection_finish(session):
