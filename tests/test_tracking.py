@@ -144,9 +144,9 @@ def test_a_killed_and_resumed_training_run_tracks_exactly_its_train_log(tmp_path
     if backend == "wandb":
         killed.tracker.close()
         # W&B offline names a run's folder by the second it starts (offline-run-<date>_<HHMMSS>-<id>):
-        # an attempt resumed within the same second writes into its predecessor's folder and one
-        # loses records (seen on a loaded CI host). A job's restart takes seconds of imports, so in a
-        # workflow the attempts never share a second; here the resume waits for the next one.
+        # an attempt resumed within the same second would write into its predecessor's folder. A
+        # job's restart takes seconds of imports, so in a workflow the attempts never share a second;
+        # here the resume waits for the next one.
         time.sleep(1.05 - time.time() % 1)
     resumed = _trainer(model, tiny_tokenizer, work)
     resumed.tracker = Tracker(settings(tmp_path, backend), run)
