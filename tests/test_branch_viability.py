@@ -14,7 +14,7 @@ from pwopsd.diagnostic import statistics as stats
 from pwopsd.config import diagnostic_settings, load_config
 from pwopsd.diagnostic.branch_points import truncated_entropy
 from pwopsd.evaluation.grading import grade_answers
-from pwopsd.generation.sampling import partial_dir
+from pwopsd.io import partial_dir
 from conftest import REPO
 
 

@@ -368,17 +368,15 @@ def test_a_kept_pair_is_graded_again_when_its_generations_change(tmp_path):
     """A kept pair is keyed by the sha256 of its generations and benchmark files: a rerun after the
     generations were redone grades them, never answers from the kept grades."""
     import os
-    from types import SimpleNamespace
 
     from pwopsd.evaluation.pipeline import grade_checkpoint
     from pwopsd.io import write_parquet
     from pwopsd.training.notice import Interrupted
 
     pairs, tables = _grade_job_files(tmp_path, n_pairs=2)
-    notice = SimpleNamespace(received="SIGTERM")  # as if signalled while the first pair was graded
     with GraderPool(workers=1) as pool:
         with pytest.raises(Interrupted, match="1 of 2"):
-            grade_checkpoint(pairs, tables, pool=pool, meta={}, notice=_after_first_pair(notice, pairs))
+            grade_checkpoint(pairs, tables, pool=pool, meta={}, notice=_SignalledOnceWritten(pairs[0][4]))
         first = _graded_outputs(pairs[:1])[1][0]
         os.remove(pairs[0][3]), os.remove(pairs[0][4])
         gens = pd.read_parquet(pairs[0][2])
@@ -388,12 +386,12 @@ def test_a_kept_pair_is_graded_again_when_its_generations_change(tmp_path):
     assert second["metrics_pct"]["avg"] == pytest.approx(50.0)  # every sample answers 7: problem a wrong, b right
 
 
-class _after_first_pair:
-    """A notice that reports its signal once the first pair's metrics exist."""
+class _SignalledOnceWritten:
+    """A notice whose signal arrives while ``path`` is graded: it reports it once that file exists."""
 
-    def __init__(self, notice, pairs):
-        self._notice, self._first = notice, Path(pairs[0][4])
+    def __init__(self, path):
+        self.path = Path(path)
 
     @property
     def received(self):
-        return self._notice.received if self._first.exists() else None
+        return "SIGTERM" if self.path.exists() else None

@@ -19,7 +19,8 @@ import pytest
 
 from conftest import REPO
 from pwopsd.generation import GenerationRequest
-from pwopsd.generation.sampling import generate_resumable, make_backend, partial_dir
+from pwopsd.generation.sampling import generate_resumable, make_backend
+from pwopsd.io import partial_dir
 from pwopsd.generation.vllm_backend import EngineStartError
 
 # What vLLM's CPU build needs (docs/cluster.md, "vLLM on CPU") and, for speed, the engine in the

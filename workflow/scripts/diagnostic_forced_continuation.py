@@ -3,8 +3,8 @@
 import time
 
 from pwopsd.diagnostic.phases import forced_continuation_plan
-from pwopsd.generation.sampling import clear_partial, generate_resumable, make_backend, partial_dir
-from pwopsd.io import read_parquet, write_parquet
+from pwopsd.generation.sampling import generate_resumable, make_backend
+from pwopsd.io import clear_partial, partial_dir, read_parquet, write_parquet
 from pwopsd.models import load_tokenizer, read_manifest
 from pwopsd.runtime import provenance, set_threads, setup_logging
 from pwopsd.settings import execution_settings

@@ -2,8 +2,8 @@
 
 from pwopsd.diagnostic.phases import run_spines, sample_problems
 from pwopsd.evaluation.grading import answer_grader
-from pwopsd.generation.sampling import clear_partial, make_backend, partial_dir
-from pwopsd.io import read_parquet, write_parquet
+from pwopsd.generation.sampling import make_backend
+from pwopsd.io import clear_partial, partial_dir, read_parquet, write_parquet
 from pwopsd.models import load_tokenizer, read_manifest
 from pwopsd.runtime import provenance, set_threads, setup_logging
 from pwopsd.settings import execution_settings

@@ -16,7 +16,8 @@ def main(snakemake):
     wc = snakemake.wildcards
     # inputs and outputs are expanded benchmark-major over the job's seeds (see rule grade)
     names = [(name, seed) for name in snakemake.params.benchmarks for seed in snakemake.params.seeds]
-    pairs = list(zip(*zip(*names), snakemake.input.generations, snakemake.output.graded, snakemake.output.metrics, strict=True))
+    pairs = [(name, seed, gens, graded_out, metrics_out) for (name, seed), gens, graded_out, metrics_out
+             in zip(names, snakemake.input.generations, snakemake.output.graded, snakemake.output.metrics, strict=True)]
     for name, seed, _, graded_out, metrics_out in pairs:
         assert graded_out.endswith(f"/{name}/seed-{seed}.parquet") and metrics_out.endswith(f"/{name}/seed-{seed}.json")
     meta = {"model": wc.model, "checkpoint": wc.checkpoint, "grading_options": snakemake.params.grading, "versions": versions()}

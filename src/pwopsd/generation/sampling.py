@@ -19,7 +19,7 @@ import pandas as pd
 
 from pwopsd import prompts
 from pwopsd.generation import Backend, GenerationRequest
-from pwopsd.io import clear_partial, partial_dir, write_parquet  # noqa: F401 (imported from here by scripts)
+from pwopsd.io import clear_partial, partial_dir, write_parquet
 from pwopsd.training.notice import stop_on_notice
 
 log = logging.getLogger(__name__)
