@@ -297,21 +297,84 @@ def test_a_job_killed_for_its_memory_is_resubmitted_with_larger_limits(slurm_run
     assert "Error in rule candidates" in proc.stdout + proc.stderr  # reported failed, then retried
 
 
-# Two tiny training runs on the test Slurm, each interrupted after its third step: one is warned as
-# the profile's `--signal=TERM@600` warns a job near its time limit (the same signal to the job's
-# steps, sent with `scancel --signal=TERM`: the tiny run is too short for a real limit), the other is
-# requeued with `scontrol requeue` (Slurm's SIGTERM, then the same job id runs again).
-INTERRUPTED = {"opsd": ["scancel", "--signal=TERM"], "eopd": ["scontrol", "requeue"]}
+# Two tiny training runs on the test Slurm, each interrupted after its third step. One is warned by
+# Slurm's own time-limit timer: its limit is cut to a minute or two (`scontrol update TimeLimit`),
+# inside the profile's `--signal=TERM@600` warning window, and slurmctld's next time-limit check
+# (every 30 s) sends the warning to the job's steps. Its training is held (SIGSTOP) until then, so
+# that the warning lands mid-run however quickly the tiny run would otherwise finish; Slurm sends
+# SIGCONT before a warning signal, which releases it. The other is requeued with `scontrol requeue`
+# (Slurm's SIGTERM, then the same job id runs again).
+INTERRUPTED = {"opsd": "time limit", "eopd": "requeue"}
 INTERRUPT_AFTER_STEPS = 3
 
 
-def _interrupt_training(cluster, work, done, stop):
-    """Send each run's interruption once its job runs and has logged INTERRUPT_AFTER_STEPS steps;
-    a requeued job is then let start at once (Slurm holds a requeued job ~2 minutes: BeginTime)."""
+def _training_processes(jobid):
+    """The PIDs of the training script's processes in Slurm job `jobid` (Snakemake runs it as
+    ``python .snakemake/scripts/tmp<...>.train.py``)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if (proc.name.isdigit() and b"train.py" in (proc / "cmdline").read_bytes()
+                    and f"\0SLURM_JOB_ID={jobid}\0".encode() in b"\0" + (proc / "environ").read_bytes()):
+                pids.append(int(proc.name))
+        except OSError:  # gone meanwhile
+            continue
+    return pids
+
+
+def _stopped(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
+
+
+def _warn_by_time_limit(cluster, jobid, env, record):
+    """Hold the job's training, cut its time limit under the profile's warning window, and wait for
+    slurmctld's warning; `record` gets the limit set (``limit_min``) or what went wrong (``error``)."""
+    try:
+        record["limit_min"] = _hold_and_cut_limit(cluster, jobid, env)
+    except Exception as exc:  # noqa: BLE001 - reported by the test that reads the record
+        record["error"] = repr(exc)
+
+
+def _hold_and_cut_limit(cluster, jobid, env):
+    import os
+    import signal
     import subprocess
     import time
 
+    pids = _training_processes(jobid)
+    assert pids, f"no training process in job {jobid}"
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    shown = subprocess.run(["scontrol", "show", "job", jobid], env=env, capture_output=True, text=True).stdout
+    h, m, sec = (int(x) for x in re.search(r"RunTime=(?:\d+-)?(\d+):(\d+):(\d+)", shown).groups())
+    limit = (h * 3600 + m * 60 + sec) // 60 + 2  # ends 60-120 s from now: the warning (<= 30 s) comes first
+    subprocess.run(["scontrol", "update", f"JobId={jobid}", f"TimeLimit={limit}"], env=env, check=True, capture_output=True)
+    warned = f"warning signal 15 to JobId={jobid}"
+    log = cluster.root / "log" / "slurmctld.log"
+    deadline = time.time() + 90
+    while time.time() < deadline and (warned not in log.read_text() or any(_stopped(p) for p in pids)):
+        time.sleep(0.2)
+    for pid in pids:  # never leave it stopped: should Slurm not have warned, the test fails on its log
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    return limit
+
+
+def _interrupt_training(cluster, work, done, stop):
+    """Interrupt each run once its job runs and has logged INTERRUPT_AFTER_STEPS steps; a requeued
+    job is then let start at once (Slurm holds a requeued job ~2 minutes: BeginTime). The wait for
+    a time-limit warning runs beside the loop, which goes on watching the other run."""
+    import subprocess
+    import threading
+    import time
+
     env = cluster.env()
+    warnings = []
     while not stop.is_set() and len(done) < len(INTERRUPTED):
         running = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i|%k"], env=env, capture_output=True, text=True).stdout
         for line in running.split():
@@ -320,16 +383,23 @@ def _interrupt_training(cluster, work, done, stop):
             if method not in INTERRUPTED or method in done:
                 continue
             logs = list((work / f"results/training/tiny_qwen3/{method}/checkpoints").glob("*/train_log.jsonl"))
-            if logs and len(logs[0].read_text().splitlines()) >= INTERRUPT_AFTER_STEPS:
-                subprocess.run([*INTERRUPTED[method], jobid], env=env, check=True, capture_output=True)
-                done[method] = jobid
-                if INTERRUPTED[method][0] == "scontrol":
-                    deadline = time.time() + 120
-                    while time.time() < deadline and not subprocess.run(
-                            ["squeue", "-h", "-j", jobid, "-o", "%T"], env=env, capture_output=True, text=True).stdout.startswith("PENDING"):
-                        time.sleep(0.2)
-                    subprocess.run(["scontrol", "update", f"JobId={jobid}", "StartTime=now"], env=env, check=True, capture_output=True)
+            if not (logs and len(logs[0].read_text().splitlines()) >= INTERRUPT_AFTER_STEPS):
+                continue
+            if INTERRUPTED[method] == "time limit":
+                done[method] = {"jobid": jobid}
+                warnings.append(threading.Thread(target=_warn_by_time_limit, args=(cluster, jobid, env, done[method])))
+                warnings[-1].start()
+                continue
+            subprocess.run(["scontrol", "requeue", jobid], env=env, check=True, capture_output=True)
+            done[method] = jobid
+            deadline = time.time() + 120
+            while time.time() < deadline and not subprocess.run(
+                    ["squeue", "-h", "-j", jobid, "-o", "%T"], env=env, capture_output=True, text=True).stdout.startswith("PENDING"):
+                time.sleep(0.2)
+            subprocess.run(["scontrol", "update", f"JobId={jobid}", "StartTime=now"], env=env, check=True, capture_output=True)
         time.sleep(0.3)
+    for thread in warnings:
+        thread.join()
 
 
 @background.part("Slurm training interrupted", after=("Slurm diagnostic",))
@@ -390,17 +460,25 @@ def _resumed_step(log_text: str) -> int:
 
 
 @pytest.mark.workflow
-def test_a_warned_training_job_checkpoints_is_resubmitted_and_ends_as_the_uninterrupted_run(slurm_training, tiny_run):
-    """Warned after step 3 (SIGTERM to the job's steps, as --signal=TERM@600 near the limit), the
-    job checkpoints the step in progress and fails with status 75; Snakemake submits a new job (not a
-    rerun inside the spent allocation), which resumes from that checkpoint, not from step 0 or the
-    last save_every one, and ends with the uninterrupted run's adapter and step log, bit for bit."""
+def test_a_training_job_warned_by_its_time_limit_checkpoints_is_resubmitted_and_ends_as_the_uninterrupted_run(
+        slurm_training, slurm_cluster, tiny_run):
+    """Its limit cut after step 3 to within the profile's `--signal=TERM@600` window, the job is
+    warned by slurmctld's time-limit timer (not by a test's signal), checkpoints the step in
+    progress and fails with status 75 before the limit; Snakemake submits a new job (not a rerun
+    inside the spent allocation), which resumes from that checkpoint, not from step 0 or the last
+    save_every one, and ends with the uninterrupted run's adapter and step log, bit for bit."""
     (work, proc, done, jobs), (tiny, _) = slurm_training, tiny_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    jobid, limit_min = done["opsd"]["jobid"], done["opsd"].get("limit_min")
+    assert limit_min, done["opsd"]
     runs = [j for j in jobs if j["comment"].endswith("_tiny_qwen3_opsd")]
-    assert [(j["jobid"], j["state"]) for j in runs] == [(done["opsd"], "FAILED"), (runs[1]["jobid"], "COMPLETED")], runs
-    assert runs[1]["jobid"] != done["opsd"]
-    warned = (work / "logs/slurm/rule_train/tiny_qwen3_opsd" / f"{done['opsd']}.log").read_text()
+    assert [(j["jobid"], j["state"]) for j in runs] == [(jobid, "FAILED"), (runs[1]["jobid"], "COMPLETED")], runs
+    assert runs[1]["jobid"] != jobid
+    # slurmctld's timer sent the warning; the job stopped on it before reaching the cut limit
+    ctld = (slurm_cluster.root / "log" / "slurmctld.log").read_text()
+    assert f"send_job_warn_signal: warning signal 15 to JobId={jobid}" in ctld
+    assert runs[0]["timelimit"] == f"00:{limit_min:02d}:00" and int(runs[0]["elapsed"]) < 60 * limit_min, runs[0]
+    warned = (work / "logs/slurm/rule_train/tiny_qwen3_opsd" / f"{jobid}.log").read_text()
     stopped = re.search(r"stopped on SIGTERM after step (\d+) of \d+; checkpoint step-(\d+) written", warned)
     assert stopped and stopped[1] == str(int(stopped[2])) and warned.count("Trying to restart job") == 0, warned[-3000:]
     save_every = yaml.safe_load((work / "config/config.yaml").read_text())["training"]["save_every"]

@@ -5,7 +5,8 @@ executor plugin follows jobs with ``sacct`` and validates the account with ``sac
 four fake ``h100`` GPUs (character devices with /dev/null's numbers: Slurm rejects file-less GPUs
 and regular files) and two partitions on the one node, ``gpu`` and ``cpu``. Memory limits are
 enforced by polling (``JobAcctGatherParams=OverMemoryKill``), so a job over its ``--mem`` is killed
-as on a cluster. Every file lives under one state directory, linked from /etc/slurm/slurm.conf
+as on a cluster. slurmctld logs at debug level, where its time-limit timer records each warning
+signal it sends (``send_job_warn_signal``). Every file lives under one state directory, linked from /etc/slurm/slurm.conf
 (Slurm commands inside jobs, such as Snakemake's inner srun, look only there) for as long as the
 cluster runs; the daemons are started by hand (no systemd here) and stopped by PID. Needs root
 and apt (these CI machines); see docs/cluster.md.
@@ -154,6 +155,7 @@ SlurmdSpoolDir={r / 'spool'}
 SlurmctldPidFile={r / 'run' / 'slurmctld.pid'}
 SlurmdPidFile={r / 'run' / 'slurmd.pid'}
 SlurmctldLogFile={r / 'log' / 'slurmctld.log'}
+SlurmctldDebug=debug
 SlurmdLogFile={r / 'log' / 'slurmd.log'}
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
@@ -238,12 +240,12 @@ StorageLoc=slurm_acct_db
     # -- use -----------------------------------------------------------------------------------
     def jobs(self, all_runs: bool = False) -> list[dict]:
         """Every job this cluster ran, as ``sacct`` records it: id, state, exit code, requested
-        memory, time limit, allocated TRES, partition, account, comment (Snakemake's rule name) and
-        the TRES of its steps. A requeued job is one record (its last run), or with ``all_runs``
+        memory, time limit, allocated TRES, partition, account, seconds it ran, comment (Snakemake's
+        rule name) and the TRES of its steps. A requeued job is one record (its last run), or with ``all_runs``
         one record a run (``sacct -D``: the first ones ``REQUEUED``)."""
-        fields = ["jobid", "state", "exit", "reqmem", "timelimit", "tres", "partition", "account", "comment"]
+        fields = ["jobid", "state", "exit", "reqmem", "timelimit", "tres", "partition", "account", "elapsed", "comment"]
         out = subprocess.run(["sacct", "-a", "-n", "-P", "-S", "2000-01-01", *(["-D"] if all_runs else []),
-                              "--format=JobID,State,ExitCode,ReqMem,Timelimit,AllocTRES,Partition,Account,Comment"],
+                              "--format=JobID,State,ExitCode,ReqMem,Timelimit,AllocTRES,Partition,Account,ElapsedRaw,Comment"],
                              env=self.env(), capture_output=True, text=True, check=True).stdout
         jobs: list[dict] = []
         for line in out.splitlines():
