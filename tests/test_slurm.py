@@ -10,6 +10,9 @@
   single-node Slurm (tests/slurm/cluster.py: slurmctld, slurmd, slurmdbd + MariaDB, munge, fake
   h100 GPUs): `sacct` records each job COMPLETED with its GPUs, partition and CPUs, and a job
   that Slurm kills for its memory is resubmitted with the attempt-scaled limits;
+* two tiny trainings on it, one warned by slurmctld's time-limit timer and resubmitted, one
+  requeued with `scontrol requeue`, resume from the checkpoint written on notice and end with the
+  uninterrupted run's adapter and step log, bit for bit;
 * `snakemake --lint` passes.
 """
 
