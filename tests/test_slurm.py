@@ -301,12 +301,12 @@ def test_a_job_killed_for_its_memory_is_resubmitted_with_larger_limits(slurm_run
 
 
 # Two tiny training runs on the test Slurm, each interrupted after its third step. One is warned by
-# Slurm's own time-limit timer: its limit is cut to a minute or two (`scontrol update TimeLimit`),
-# inside the profile's `--signal=TERM@600` warning window, and slurmctld's next time-limit check
-# (every 30 s) sends the warning to the job's steps. Its training is held (SIGSTOP) until then, so
-# that the warning lands mid-run however quickly the tiny run would otherwise finish; Slurm sends
-# SIGCONT before a warning signal, which releases it. The other is requeued with `scontrol requeue`
-# (Slurm's SIGTERM, then the same job id runs again).
+# Slurm's own time-limit timer: its limit is cut to end 4-5 minutes from now (`scontrol update
+# TimeLimit`), inside the profile's `--signal=TERM@600` warning window, and slurmctld's next
+# time-limit check (every 30 s) sends the warning to the job's steps. Its training is held (SIGSTOP)
+# until then, so that the warning lands mid-run however quickly the tiny run would otherwise
+# finish; Slurm sends SIGCONT before a warning signal, which releases it. The other is requeued
+# with `scontrol requeue` (Slurm's SIGTERM, then the same job id runs again).
 INTERRUPTED = {"opsd": "time limit", "eopd": "requeue"}
 INTERRUPT_AFTER_STEPS = 3
 
@@ -334,50 +334,60 @@ def _stopped(pid):
 
 def _warn_by_time_limit(cluster, jobid, env, record):
     """Hold the job's training, cut its time limit under the profile's warning window, and wait for
-    slurmctld's warning; `record` gets the limit set (``limit_min``) or what went wrong (``error``)."""
-    try:
-        record["limit_min"] = _hold_and_cut_limit(cluster, jobid, env)
-    except Exception as exc:  # noqa: BLE001 - reported by the test that reads the record
-        record["error"] = repr(exc)
-
-
-def _hold_and_cut_limit(cluster, jobid, env):
+    slurmctld's warning. `record` gets the limit set (``limit_min``), whether slurmctld logged the
+    warning and the held processes were released (``warned``), or what went wrong (``error``); the
+    training is never left stopped."""
     import os
     import signal
     import subprocess
     import time
 
     pids = _training_processes(jobid)
-    assert pids, f"no training process in job {jobid}"
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    shown = subprocess.run(["scontrol", "show", "job", jobid], env=env, capture_output=True, text=True).stdout
-    h, m, sec = (int(x) for x in re.search(r"RunTime=(?:\d+-)?(\d+):(\d+):(\d+)", shown).groups())
-    limit = (h * 3600 + m * 60 + sec) // 60 + 2  # ends 60-120 s from now: the warning (<= 30 s) comes first
-    subprocess.run(["scontrol", "update", f"JobId={jobid}", f"TimeLimit={limit}"], env=env, check=True, capture_output=True)
-    warned = f"warning signal 15 to JobId={jobid}"
-    log = cluster.root / "log" / "slurmctld.log"
-    deadline = time.time() + 90
-    while time.time() < deadline and (warned not in log.read_text() or any(_stopped(p) for p in pids)):
-        time.sleep(0.2)
-    for pid in pids:  # never leave it stopped: should Slurm not have warned, the test fails on its log
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-    return limit
+    try:
+        assert pids, f"no training process in job {jobid}"
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        shown = subprocess.run(["scontrol", "show", "job", jobid], env=env, capture_output=True, text=True, check=True).stdout
+        d, h, m, sec = (int(x or 0) for x in re.search(r"RunTime=(?:(\d+)-)?(\d+):(\d+):(\d+)", shown).groups())
+        # The cut limit ends 4-5 minutes from now: inside the 10-minute warning window, so the next
+        # 30-s check warns, with minutes left for the step, the checkpoint and the exit.
+        record["limit_min"] = limit = (((d * 24 + h) * 60 + m) * 60 + sec) // 60 + 5
+        subprocess.run(["scontrol", "update", f"JobId={jobid}", f"TimeLimit={limit}"], env=env, check=True, capture_output=True)
+        warned = re.compile(rf"warning signal 15 to JobId={jobid}$", re.M)
+        log = cluster.root / "log" / "slurmctld.log"
+        deadline = time.time() + 90
+        while time.time() < deadline and not record.get("warned"):
+            record["warned"] = bool(warned.search(log.read_text())) and not any(_stopped(p) for p in pids)
+            time.sleep(0.2)
+    except Exception as exc:  # noqa: BLE001 - reported by the test that reads the record
+        record["error"] = repr(exc)
+    finally:
+        for pid in pids:  # should Slurm not have released it
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
 
 def _interrupt_training(cluster, work, done, stop):
     """Interrupt each run once its job runs and has logged INTERRUPT_AFTER_STEPS steps; a requeued
     job is then let start at once (Slurm holds a requeued job ~2 minutes: BeginTime). The wait for
     a time-limit warning runs beside the loop, which goes on watching the other run."""
+    env = cluster.env()
+    warnings = []
+    try:
+        _watch_and_interrupt(cluster, work, done, stop, env, warnings)
+    except Exception as exc:  # noqa: BLE001 - reported by the tests that read `done`
+        done["monitor error"] = repr(exc)
+    for thread in warnings:
+        thread.join()
+
+
+def _watch_and_interrupt(cluster, work, done, stop, env, warnings):
     import subprocess
     import threading
     import time
 
-    env = cluster.env()
-    warnings = []
     while not stop.is_set() and len(done) < len(INTERRUPTED):
         running = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i|%k"], env=env, capture_output=True, text=True).stdout
         for line in running.split():
@@ -401,8 +411,6 @@ def _interrupt_training(cluster, work, done, stop):
                 time.sleep(0.2)
             subprocess.run(["scontrol", "update", f"JobId={jobid}", "StartTime=now"], env=env, check=True, capture_output=True)
         time.sleep(0.3)
-    for thread in warnings:
-        thread.join()
 
 
 @background.part("Slurm training interrupted", after=("Slurm diagnostic",))
@@ -472,14 +480,14 @@ def test_a_training_job_warned_by_its_time_limit_checkpoints_is_resubmitted_and_
     save_every one, and ends with the uninterrupted run's adapter and step log, bit for bit."""
     (work, proc, done, jobs), (tiny, _) = slurm_training, tiny_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    jobid, limit_min = done["opsd"]["jobid"], done["opsd"].get("limit_min")
-    assert limit_min, done["opsd"]
+    assert "opsd" in done and done["opsd"].get("warned") and "error" not in done["opsd"], done
+    jobid, limit_min = done["opsd"]["jobid"], done["opsd"]["limit_min"]
     runs = [j for j in jobs if j["comment"].endswith("_tiny_qwen3_opsd")]
     assert [(j["jobid"], j["state"]) for j in runs] == [(jobid, "FAILED"), (runs[1]["jobid"], "COMPLETED")], runs
     assert runs[1]["jobid"] != jobid
     # slurmctld's timer sent the warning; the job stopped on it before reaching the cut limit
     ctld = (slurm_cluster.root / "log" / "slurmctld.log").read_text()
-    assert f"send_job_warn_signal: warning signal 15 to JobId={jobid}" in ctld
+    assert re.search(rf"send_job_warn_signal: warning signal 15 to JobId={jobid}$", ctld, re.M)
     assert runs[0]["timelimit"] == f"00:{limit_min:02d}:00" and int(runs[0]["elapsed"]) < 60 * limit_min, runs[0]
     warned = (work / "logs/slurm/rule_train/tiny_qwen3_opsd" / f"{jobid}.log").read_text()
     stopped = re.search(r"stopped on SIGTERM after step (\d+) of \d+; checkpoint step-(\d+) written", warned)
@@ -499,6 +507,7 @@ def test_a_training_job_requeued_by_slurm_resumes_under_its_job_id_and_ends_as_t
     step log, bit for bit."""
     (work, proc, done, jobs), (tiny, _) = slurm_training, tiny_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "eopd" in done and "monitor error" not in done, done
     runs = [j for j in jobs if j["comment"].endswith("_tiny_qwen3_eopd")]
     assert [(j["jobid"], j["state"]) for j in runs] == [(done["eopd"], "REQUEUED"), (done["eopd"], "COMPLETED")], runs
     log = (work / "logs/train/tiny_qwen3/eopd.log").read_text()

@@ -31,8 +31,9 @@ EXIT_INTERRUPTED = 75
 # time limit (`--signal=TERM@600` in profiles/slurm), so both windows hold one step and one save.
 NOTICE_GRACE_SECONDS = 600
 
-# SIGTERM: Slurm's time limit, preemption, scancel, Snakemake stopping; SIGUSR1: the warning that
-# `--signal=USR1@<seconds>` asks for; SIGINT: Ctrl-C on a workstation.
+# SIGTERM: Slurm's time-limit warning (the profile's `--signal=TERM@600`), its kill at the limit,
+# preemption, scancel, Snakemake stopping; SIGUSR1: a warning sent to a job run outside Snakemake's
+# Slurm executor (under it, the job step's Snakemake dies of USR1: docs/cluster.md); SIGINT: Ctrl-C.
 NOTICE_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 
 
