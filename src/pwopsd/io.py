@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -31,19 +32,21 @@ def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def _partial_root(output: str | os.PathLike) -> Path:
+    output = Path(output)
+    return output.parent / f".{output.name}.partial"
+
+
 def partial_dir(output: str | os.PathLike, key: Any) -> Path:
     """Where the finished shards of a resumable job for ``output`` are kept (generation shards,
     graded benchmark-seed pairs): a hidden sibling folder (not a declared output, so Snakemake
     does not delete it when the job stops early), one subfolder per fingerprint of ``key``."""
-    output = Path(output)
-    return output.parent / f".{output.name}.partial" / fingerprint(key)
+    return _partial_root(output) / fingerprint(key)
 
 
 def clear_partial(output: str | os.PathLike) -> None:
-    import shutil
-
-    output = Path(output)
-    shutil.rmtree(output.parent / f".{output.name}.partial", ignore_errors=True)
+    """Remove every kept shard of ``output`` (once the output itself is written)."""
+    shutil.rmtree(_partial_root(output), ignore_errors=True)
 
 
 @contextlib.contextmanager
