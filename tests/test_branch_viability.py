@@ -118,7 +118,7 @@ def test_spines_stop_on_notice_at_a_shard_boundary_and_resume(spines, random_tin
     import signal
 
     from pwopsd.generation.hf_backend import HFBackend
-    from pwopsd.training.notice import Interrupted, Notice
+    from pwopsd.notice import Interrupted, Notice
 
     problems = spines[["dataset", "problem_id", "problem", "answer", "solution"]]
 

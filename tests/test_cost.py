@@ -123,7 +123,7 @@ def test_the_cost_plan_prices_an_overlay_config(capsys):
 def test_attempts_under_the_partition_limit_by_hand(paper):
     """A job of h hours (start-up included) stopped at the limit resumes in the next attempt: each
     attempt does the limit less its start-up and the notice window of work."""
-    from pwopsd.training.notice import NOTICE_GRACE_SECONDS
+    from pwopsd.notice import NOTICE_GRACE_SECONDS
 
     a = cost.ASSUMPTIONS
     usable = 240 - a["startup_min"] - NOTICE_GRACE_SECONDS / 60  # a 4-hour partition
@@ -142,7 +142,7 @@ def test_attempts_under_the_partition_limit_by_hand(paper):
 
 
 def test_a_limit_too_short_for_one_step_is_refused_with_the_numbers(paper):
-    from pwopsd.training.notice import NOTICE_GRACE_SECONDS
+    from pwopsd.notice import NOTICE_GRACE_SECONDS
 
     a = cost.ASSUMPTIONS
     job = cost.training_jobs(paper)[0]

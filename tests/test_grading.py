@@ -326,7 +326,7 @@ def test_a_notice_signal_stops_grading_between_pairs_and_the_rerun_grades_only_t
     import signal
 
     from pwopsd.evaluation.pipeline import grade_checkpoint
-    from pwopsd.training.notice import Interrupted, Notice
+    from pwopsd.notice import Interrupted, Notice
 
     pairs, tables = _grade_job_files(tmp_path)
     ref_pairs = [(*p[:3], p[3].replace("/graded/", "/ref_graded/"), p[4].replace("/metrics/", "/ref_metrics/")) for p in pairs]
@@ -371,7 +371,7 @@ def test_a_kept_pair_is_graded_again_when_its_generations_change(tmp_path):
 
     from pwopsd.evaluation.pipeline import grade_checkpoint
     from pwopsd.io import write_parquet
-    from pwopsd.training.notice import Interrupted
+    from pwopsd.notice import Interrupted
 
     pairs, tables = _grade_job_files(tmp_path, n_pairs=2)
     with GraderPool(workers=1) as pool:

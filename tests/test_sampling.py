@@ -81,7 +81,7 @@ def test_a_notice_signal_saves_the_shard_in_progress_and_the_rerun_generates_onl
     import os
     import signal
 
-    from pwopsd.training.notice import Interrupted, Notice
+    from pwopsd.notice import Interrupted, Notice
 
     problems = [f"Compute {i} + 3." for i in range(5)]
     ids = eval_prompt_ids(tiny_tokenizer, problems, enable_thinking=True, add_special_tokens=False)

@@ -547,9 +547,9 @@ def test_a_restarted_job_says_so_from_its_environment_or_from_scontrol():
 
 def test_training_jobs_are_warned_before_their_limit_requeued_and_retried_as_the_cost_plan_says(tmp_path):
     """The profile asks Slurm for SIGTERM ten minutes before a training job's limit (a notice that
-    pwopsd.training.notice turns into a checkpoint) and for --requeue; the train rule's retries are
+    pwopsd.notice turns into a checkpoint) and for --requeue; the train rule's retries are
     the cost plan's attempts under cluster.max_runtime_min, and a limit too short is refused."""
-    from pwopsd.training.notice import NOTICE_GRACE_SECONDS
+    from pwopsd.notice import NOTICE_GRACE_SECONDS
 
     prof = profile()
     assert prof["set-resources"]["train"]["slurm_extra"] == f"'--signal=TERM@{NOTICE_GRACE_SECONDS}'"

@@ -86,7 +86,7 @@ def _launch_2_in_background(base, name):
     on notice exits 75), returned once its step-2 checkpoint exists: (args, process, checkpoint)."""
     args = _args(base, name, accumulation=2, steps=6)
     (base / name / "args.json").write_text(json.dumps(args))
-    code = ("import json, sys; from pwopsd.training.job import launch; from pwopsd.training.notice import Interrupted\n"
+    code = ("import json, sys; from pwopsd.training.job import launch; from pwopsd.notice import Interrupted\n"
             f"try: launch(json.load(open({str(base / name / 'args.json')!r})), processes=2, "
             f"args_path={str(base / name / 'launch.json')!r}, log_path={str(base / name / 'rule.log')!r})\n"
             "except Interrupted: sys.exit(75)")
@@ -142,7 +142,7 @@ def test_a_notice_to_a_two_process_run_stops_both_ranks_after_one_step_and_the_r
     warning sends it) once step 2 is saved: torchrun passes it on, both ranks finish the same step,
     rank 0 writes its checkpoint, the launcher raises Interrupted (the job's exit status 75); the
     rerun resumes from that step to the adapter and step log of an uninterrupted run."""
-    from pwopsd.training.notice import EXIT_INTERRUPTED
+    from pwopsd.notice import EXIT_INTERRUPTED
 
     args, proc, first = _launch_2_in_background(base, "notice")
     _signal_job(proc, signal.SIGTERM)
@@ -158,7 +158,7 @@ def test_a_two_process_run_that_loses_one_rank_fails_and_the_rerun_is_bit_identi
     ends rank 0, the job fails (not the notice status: nothing was saved on the way out) and leaves no
     process; the rerun resumes from the last saved step to the uninterrupted run's adapter and step
     log, bit for bit."""
-    from pwopsd.training.notice import EXIT_INTERRUPTED
+    from pwopsd.notice import EXIT_INTERRUPTED
 
     args, proc, first = _launch_2_in_background(base, "rank_lost")
     assert first.exists(), (base / "rank_lost" / "rule.log").read_text()[-3000:]

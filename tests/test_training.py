@@ -113,7 +113,7 @@ def test_a_notice_signal_stops_after_its_step_with_a_checkpoint_and_the_rerun_is
     import signal
 
     from pwopsd.training import loop
-    from pwopsd.training.notice import Interrupted
+    from pwopsd.notice import Interrupted
 
     full = _trainer(model_factory, tiny_tokenizer, tmp_path / "full")
     full.train()

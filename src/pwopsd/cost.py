@@ -230,8 +230,8 @@ def plan(jobs: list[Job], cfg: dict, a: dict = ASSUMPTIONS) -> list[dict]:
 def usable_minutes(cap_min: float, a: dict = ASSUMPTIONS) -> float:
     """Minutes of work an attempt capped at ``cap_min`` does: less its start-up and the notice
     window before the limit, in which it finishes its step and writes the checkpoint
-    (:data:`pwopsd.training.notice.NOTICE_GRACE_SECONDS`)."""
-    from pwopsd.training.notice import NOTICE_GRACE_SECONDS
+    (:data:`pwopsd.notice.NOTICE_GRACE_SECONDS`)."""
+    from pwopsd.notice import NOTICE_GRACE_SECONDS
 
     return cap_min - a["startup_min"] - NOTICE_GRACE_SECONDS / 60.0
 
@@ -257,7 +257,7 @@ def training_jobs(cfg: dict) -> list[Job]:
 def cap_problems(cfg: dict, a: dict = ASSUMPTIONS) -> list[str]:
     """Training runs that cannot progress under ``cluster.max_runtime_min``: an attempt must hold
     the start-up, one step and the notice window. One message per run, with the numbers."""
-    from pwopsd.training.notice import NOTICE_GRACE_SECONDS
+    from pwopsd.notice import NOTICE_GRACE_SECONDS
 
     cap = float(cfg["cluster"]["max_runtime_min"])
     problems = []

@@ -59,7 +59,7 @@ if clustermod.submits_to_slurm(_slurm_defaults):
     workflow.global_resources["_cores"] = Resource("_cores", sys.maxsize)
     clustermod.export_max_runtime(config["cluster"]["max_runtime_min"])
     # A training longer than the partition allows runs over several attempts, each stopped on
-    # notice before the limit and resumed from its checkpoint (pwopsd.training.notice): the train
+    # notice before the limit and resumed from its checkpoint (pwopsd.notice): the train
     # rule's retries come from the cost plan. A limit too short for one step is refused here.
     from pwopsd import cost as costmod
 

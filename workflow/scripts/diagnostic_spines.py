@@ -8,7 +8,7 @@ from pwopsd.models import load_tokenizer, read_manifest
 from pwopsd.runtime import provenance, set_threads, setup_logging
 from pwopsd.settings import execution_settings
 from pwopsd.standalone import standalone_snakemake
-from pwopsd.training.notice import Notice, exit_on_notice
+from pwopsd.notice import Notice, exit_on_notice
 
 
 def main(snakemake):

@@ -7,7 +7,7 @@ from pwopsd.models import read_manifest
 from pwopsd.runtime import set_threads, setup_logging, versions
 from pwopsd.settings import execution_settings
 from pwopsd.standalone import standalone_snakemake
-from pwopsd.training.notice import exit_on_notice
+from pwopsd.notice import exit_on_notice
 
 
 def main(snakemake):

@@ -7,7 +7,7 @@ from pwopsd.evaluation.pipeline import grade_checkpoint
 from pwopsd.runtime import setup_logging, versions
 from pwopsd.standalone import standalone_snakemake
 from pwopsd.tracking import evaluation_run, track_once
-from pwopsd.training.notice import Notice, exit_on_notice
+from pwopsd.notice import Notice, exit_on_notice
 
 
 def main(snakemake):

@@ -5,7 +5,7 @@ from pwopsd.io import read_json, write_json
 from pwopsd.runtime import set_threads, setup_logging
 from pwopsd.standalone import standalone_snakemake
 from pwopsd.training.job import checkpoint_dir, launch, run_key
-from pwopsd.training.notice import exit_on_notice
+from pwopsd.notice import exit_on_notice
 
 
 def main(snakemake):

@@ -13,7 +13,7 @@ import pandas as pd
 from pwopsd.evaluation.grading import STATUS_CRASHED, STATUS_OVER_BUDGET, STATUS_TIMEOUT, GraderPool, GradingOptions, extract_boxed
 from pwopsd.evaluation.metrics import METRICS, aggregate_seeds, clustering_pairs, maj_clusters, metrics_from_grades
 from pwopsd.io import atomic_path, clear_partial, partial_dir, read_json, read_parquet, sha256_file, write_json, write_parquet
-from pwopsd.training.notice import stop_on_notice
+from pwopsd.notice import stop_on_notice
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def grade_checkpoint(pairs: list[tuple[str, str, str, str, str]], benchmark_tabl
     folder (:func:`pwopsd.io.partial_dir`, keyed by the sha256 of its generations and benchmark
     files and by ``meta``: grading options and library versions), which a rerun reuses; Snakemake
     deletes every output of a job that stops early, so every saved pair is kept until the last
-    output is written. With a ``notice`` (:class:`pwopsd.training.notice.Notice`) that has
+    output is written. With a ``notice`` (:class:`pwopsd.notice.Notice`) that has
     received its signal, the job stops with ``Interrupted`` before the next pair."""
     summaries = []
     for i, (name, seed_name, generations, graded_out, metrics_out) in enumerate(pairs):

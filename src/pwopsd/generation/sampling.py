@@ -20,7 +20,7 @@ import pandas as pd
 from pwopsd import prompts
 from pwopsd.generation import Backend, GenerationRequest
 from pwopsd.io import clear_partial, partial_dir, write_parquet
-from pwopsd.training.notice import stop_on_notice
+from pwopsd.notice import stop_on_notice
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +93,8 @@ def generate_resumable(
     ``text``, ``num_tokens``, ``finish_reason``, ``prompt_tokens`` (and ``token_ids`` when asked).
     Each finished shard is saved under ``partial`` and reused when the job is restarted; the
     caller names ``partial`` (:func:`partial_dir`) from everything that determines the samples.
-    With a ``notice`` (:class:`pwopsd.training.notice.Notice`) that has received its signal, the
-    shard in progress is finished and saved, and :class:`~pwopsd.training.notice.Interrupted` is
+    With a ``notice`` (:class:`pwopsd.notice.Notice`) that has received its signal, the
+    shard in progress is finished and saved, and :class:`~pwopsd.notice.Interrupted` is
     raised before the next one: the job exits resumable and its rerun loses nothing.
     """
     if len(keys) != len(requests):
@@ -216,7 +216,7 @@ def run_generations(
     """
     from pwopsd.models import load_tokenizer
 
-    from pwopsd.training.notice import Notice
+    from pwopsd.notice import Notice
 
     first = SamplingConfig.from_evaluation(settings, None)
     tokenizer = load_tokenizer(manifest)

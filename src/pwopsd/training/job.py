@@ -23,12 +23,12 @@ from pathlib import Path
 import pandas as pd
 
 from pwopsd.io import atomic_path, write_json
-from pwopsd.training.notice import NOTICE_GRACE_SECONDS, Interrupted, Notice, exit_on_notice
+from pwopsd.notice import NOTICE_GRACE_SECONDS, Interrupted, Notice, exit_on_notice
 
 log = logging.getLogger(__name__)
 
 # Written by rank 0 into the run's checkpoint folder when the run stops on notice (see
-# pwopsd.training.notice); the launcher of torchrun processes reads it.
+# pwopsd.notice); the launcher of torchrun processes reads it.
 INTERRUPTED_MARKER = "interrupted.json"
 
 
@@ -275,7 +275,7 @@ def launch(args: dict, processes: int, args_path: str | Path, log_path: str | Pa
 
 def main(argv: list[str]) -> None:
     """A torchrun process: log with the rank, train, and let a crash reach the log and the exit code
-    (a stop on notice: :data:`~pwopsd.training.notice.EXIT_INTERRUPTED`)."""
+    (a stop on notice: :data:`~pwopsd.notice.EXIT_INTERRUPTED`)."""
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
                         format=f"%(asctime)s %(levelname)s rank{rank} %(name)s: %(message)s")

@@ -39,7 +39,7 @@ from pwopsd import prompts
 from pwopsd.generation import GenerationRequest
 from pwopsd.generation.rollout import HFRollouts
 from pwopsd.io import atomic_path
-from pwopsd.training.notice import Interrupted, Notice, agreed
+from pwopsd.notice import Interrupted, Notice, agreed
 
 log = logging.getLogger(__name__)
 
@@ -389,9 +389,9 @@ class Trainer:
     def train(self, *, stop_after: int | None = None) -> list[dict]:
         """Train to :attr:`TrainConfig.last_step` (resuming if possible); ``stop_after`` simulates a kill after that many steps.
 
-        A notice signal (SIGTERM, SIGUSR1, SIGINT: :mod:`pwopsd.training.notice`) lets the step in
+        A notice signal (SIGTERM, SIGUSR1, SIGINT: :mod:`pwopsd.notice`) lets the step in
         progress finish; then every rank stops after that step, a checkpoint is written and
-        :class:`~pwopsd.training.notice.Interrupted` is raised."""
+        :class:`~pwopsd.notice.Interrupted` is raised."""
         self.resume()
         history_path = self.work_dir / "train_log.jsonl"
         done = 0

@@ -1,4 +1,4 @@
-"""Checkpoint on notice: a training job that is told it will stop soon saves and exits resumable.
+"""Stop on notice: a job that is told it will stop soon saves its work and exits resumable.
 
 Slurm tells a job it will be stopped in three ways: a warning signal before the time limit (the
 profile asks for one with ``--signal``, see docs/cluster.md), SIGTERM when the limit is reached,
