@@ -83,7 +83,7 @@ def spines(random_tiny_model, tiny_tokenizer, settings, tmp_path_factory):
     backend = HFBackend(random_tiny_model, tiny_tokenizer, batch_size=8)
     out = tmp_path_factory.mktemp("spines") / "spines.parquet"
     return bv.run_spines(backend, tiny_tokenizer, problems, settings, grade=grade,
-                         partial_root=lambda key: partial_dir(out, key))
+                         partial_root=lambda key, part: partial_dir(out, key, part))
 
 
 def test_spines_fall_back_when_greedy_has_no_boxed(spines, random_tiny_model, tiny_tokenizer, settings, tmp_path):
@@ -106,7 +106,7 @@ def test_spines_fall_back_when_greedy_has_no_boxed(spines, random_tiny_model, ti
     assert bv.strip_stop(direct.token_ids, special) == list(spines["spine_ids"].iloc[0])
     again = bv.run_spines(HFBackend(random_tiny_model, tiny_tokenizer, batch_size=2), tiny_tokenizer,
                           spines[["dataset", "problem_id", "problem", "answer", "solution"]], settings, grade=grade,
-                          partial_root=lambda key: partial_dir(tmp_path / "spines.parquet", key))
+                          partial_root=lambda key, part: partial_dir(tmp_path / "spines.parquet", key, part))
     assert [list(x) for x in again["spine_ids"]] == [list(x) for x in spines["spine_ids"]]  # seeded, batch-independent
 
 
@@ -131,7 +131,7 @@ def test_spines_stop_on_notice_at_a_shard_boundary_and_resume(spines, random_tin
                 os.kill(os.getpid(), signal.SIGTERM)
             return super().generate(requests)
 
-    root = lambda key: partial_dir(tmp_path / "spines.parquet", key)  # noqa: E731
+    root = lambda key, part: partial_dir(tmp_path / "spines.parquet", key, part)  # noqa: E731
     backend = Signalled(random_tiny_model, tiny_tokenizer, batch_size=8)
     with Notice() as notice, pytest.raises(Interrupted, match="1 of 2 shards saved"):
         bv.run_spines(backend, tiny_tokenizer, problems, settings, grade=grade, partial_root=root, shard_size=2,

@@ -10,11 +10,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
+
+log = logging.getLogger(__name__)
 
 
 def fingerprint(obj: Any) -> str:
@@ -37,15 +40,42 @@ def _partial_root(output: str | os.PathLike) -> Path:
     return output.parent / f".{output.name}.partial"
 
 
-def partial_dir(output: str | os.PathLike, key: Any) -> Path:
-    """Where the finished shards of a resumable job for ``output`` are kept (generation shards,
-    graded benchmark-seed pairs): a hidden sibling folder (not a declared output, so Snakemake
-    does not delete it when the job stops early), one subfolder per fingerprint of ``key``."""
-    return _partial_root(output) / fingerprint(key)
+KEY_FILE = "key.json"
+
+
+def partial_dir(output: str | os.PathLike, key: Any, part: str = "shards") -> Path:
+    """Where the finished pieces of a resumable job for ``output`` are kept (generation shards,
+    graded benchmark-seed pairs, the diagnostic's spines and continuations): a hidden sibling
+    folder (not a declared output, so Snakemake does not delete it when the job stops early),
+    ``<part>/<fingerprint of key>/``, with the key beside the pieces (``key.json``).
+
+    ``key`` must hold everything that determines the pieces (:func:`pwopsd.keys.part_key`: the
+    weights by content, dtype, backend, code, settings, inputs). Pieces of ``part`` kept under
+    another key (the model was retrained, the code or the dtype changed, ...) are discarded here,
+    and the log names the fields that changed: they are never mixed with new ones."""
+    from pwopsd.keys import changed_fields
+
+    root = _partial_root(output) / part
+    name = fingerprint(key)
+    if root.is_dir():
+        for other in sorted(p for p in root.iterdir() if p.is_dir() and p.name != name):
+            try:
+                old = json.loads((other / KEY_FILE).read_text())
+                why = ", ".join(changed_fields(old, json.loads(json.dumps(key, sort_keys=True, default=str))))
+            except (OSError, ValueError):
+                why = "its key file is missing or unreadable"
+            log.warning("%s: discarding %d kept %s in %s, made under another key (changed: %s)", output,
+                        sum(1 for f in other.iterdir() if f.name != KEY_FILE), part, other, why)
+            shutil.rmtree(other, ignore_errors=True)
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / KEY_FILE).exists():
+        write_json(key, folder / KEY_FILE)
+    return folder
 
 
 def clear_partial(output: str | os.PathLike) -> None:
-    """Remove every kept shard of ``output`` (once the output itself is written)."""
+    """Remove every kept piece of ``output`` (once the output itself is written)."""
     shutil.rmtree(_partial_root(output), ignore_errors=True)
 
 
@@ -62,13 +92,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield target
         if final.is_dir() and not final.is_symlink():
-            import shutil
-
             shutil.rmtree(final)
         os.replace(target, final)
     finally:
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -129,3 +155,49 @@ def read_parquet_metadata(path: str | os.PathLike) -> dict[str, Any]:
     kv = pq.read_schema(path).metadata or {}
     raw = kv.get(b"pwopsd")
     return json.loads(raw) if raw else {}
+
+
+class WriterLockedError(RuntimeError):
+    """Another process holds the lock of a job's outputs: a second copy of the job is running."""
+
+
+def lock_path(target: str | os.PathLike) -> Path:
+    """The lock file of an output or a run folder: a hidden sibling, ``.<name>.lock``."""
+    target = Path(target)
+    return target.parent / f".{target.name}.lock"
+
+
+@contextlib.contextmanager
+def one_writer(target: str | os.PathLike, what: str = "this job") -> Iterator[Path]:
+    """Hold an exclusive lock on ``target`` (a job's output, a training run's folder) while the block
+    runs: a second copy of the same job (a lost Snakemake head restarted with --rerun-incomplete
+    while the old Slurm job still runs) stops at once with a message naming the holder, instead of
+    writing the same kept pieces, checkpoints and sync folders. The lock (``flock``, which Linux
+    maps to POSIX locks on NFS) dies with its process, so a killed job never leaves it held; the
+    file itself stays (unlinking a lock file races with a process that has it open)."""
+    import fcntl
+    import socket
+    import time
+
+    path = lock_path(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(path, "a+")
+    try:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "a process that wrote no details"
+            raise WriterLockedError(
+                f"{what} is already running: {path} is locked by {holder}. Two copies would write the same "
+                "outputs, kept pieces and checkpoints; wait for that one to end (or cancel it: scancel its Slurm "
+                "job), then run again (snakemake --rerun-incomplete)") from None
+        fh.seek(0)
+        fh.truncate()
+        job = os.environ.get("SLURM_JOB_ID")
+        fh.write(f"host {socket.gethostname()}, pid {os.getpid()}" + (f", Slurm job {job}" if job else "")
+                 + f", since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        fh.flush()
+        yield path
+    finally:
+        fh.close()  # releases the lock

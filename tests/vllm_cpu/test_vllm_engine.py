@@ -219,7 +219,7 @@ def test_spines_greedy_and_fallback_on_one_engine_equal_hf(engine, hf, tokenizer
     out = {}
     for name, backend in {"vllm": engine, "hf": hf}.items():
         out[name] = run_spines(backend, tokenizer, table, settings, grade=grade,
-                               partial_root=lambda key, name=name: partial_dir(tmp_path / f"{name}.parquet", key))
+                               partial_root=lambda key, part, name=name: partial_dir(tmp_path / f"{name}.parquet", key, part))
     v, h = out["vllm"], out["hf"]
     greedy = (v["decoding"] == "greedy") & (h["decoding"] == "greedy")
     assert (v["decoding"] == h["decoding"]).all()  # the same spines fall back (greedy spines are equal)

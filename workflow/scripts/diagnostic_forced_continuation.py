@@ -4,7 +4,8 @@ import time
 
 from pwopsd.diagnostic.phases import forced_continuation_plan
 from pwopsd.generation.sampling import generate_resumable, make_backend
-from pwopsd.io import clear_partial, partial_dir, read_parquet, write_parquet
+from pwopsd.io import clear_partial, one_writer, partial_dir, read_parquet, write_parquet
+from pwopsd.keys import part_key
 from pwopsd.models import load_tokenizer, read_manifest
 from pwopsd.runtime import provenance, set_threads, setup_logging
 from pwopsd.settings import execution_settings
@@ -19,15 +20,18 @@ def main(snakemake):
     manifest = read_manifest(snakemake.input.model)
     requests, keys = forced_continuation_plan(read_parquet(snakemake.input.spines),
                                               read_parquet(snakemake.input.candidates), s)
+    options = execution_settings(snakemake.config, snakemake.wildcards.model)["backend_options"]
+    # Kept shards are the work of these weights (by content), dtype, backend, engine, code and requests.
+    key = part_key(manifest, code=("pwopsd.diagnostic.phases",), dtype=s["dtype"], backend=snakemake.params.backend,
+                   engine=options, max_model_len=s["forced_continuation"]["max_model_len"], requests=requests, keys=keys)
     t0 = time.time()
     # On a notice signal the shard in progress is saved and the job exits 75 (resumable) before the next.
-    with exit_on_notice(console=True), Notice() as notice, \
+    with exit_on_notice(console=True), one_writer(out, f"forced_continuation {snakemake.wildcards.model}"), \
+            Notice() as notice, \
             make_backend(snakemake.params.backend, manifest, dtype=s["dtype"],
-                         max_model_len=s["forced_continuation"]["max_model_len"],
-                         options=execution_settings(snakemake.config, snakemake.wildcards.model)["backend_options"],
+                         max_model_len=s["forced_continuation"]["max_model_len"], options=options,
                          tokenizer=load_tokenizer(manifest)) as backend:
-        table = generate_resumable(backend, requests, keys, partial=partial_dir(out, {"requests": requests, "keys": keys}),
-                                   notice=notice)
+        table = generate_resumable(backend, requests, keys, partial=partial_dir(out, key), notice=notice)
     write_parquet(table, out, metadata=provenance(manifest, phase="E", settings=s, backend=backend.versions(),
                                                   seconds=round(time.time() - t0, 3)))
     clear_partial(out)

@@ -3,7 +3,8 @@
 from pwopsd.diagnostic.phases import run_spines, sample_problems
 from pwopsd.evaluation.grading import answer_grader
 from pwopsd.generation.sampling import make_backend
-from pwopsd.io import clear_partial, partial_dir, read_parquet, write_parquet
+from pwopsd.io import clear_partial, one_writer, partial_dir, read_parquet, write_parquet
+from pwopsd.keys import part_key
 from pwopsd.models import load_tokenizer, read_manifest
 from pwopsd.runtime import provenance, set_threads, setup_logging
 from pwopsd.settings import execution_settings
@@ -20,13 +21,16 @@ def main(snakemake):
     tables = {name: read_parquet(path) for name, path in zip(snakemake.params.datasets, snakemake.input.benchmarks)}
     problems = sample_problems(tables, dict(s["datasets"]), int(s["sample_seed"]))
     grade = answer_grader(snakemake.params.grading, snakemake.threads)
+    options = execution_settings(snakemake.config, snakemake.wildcards.model)["backend_options"]
+    # Kept shards are the work of these weights (by content), dtype, backend, engine and code; run_spines adds the requests.
+    identity = part_key(manifest, code=("pwopsd.diagnostic.phases",), dtype=s["dtype"], backend=snakemake.params.backend,
+                        engine=options, max_model_len=s["spine"]["max_model_len"])
     # On a notice signal the shard in progress is saved and the job exits 75 (resumable) before the next.
-    with exit_on_notice(console=True), Notice() as notice, \
+    with exit_on_notice(console=True), one_writer(out, f"spines {snakemake.wildcards.model}"), Notice() as notice, \
             make_backend(snakemake.params.backend, manifest, dtype=s["dtype"], max_model_len=s["spine"]["max_model_len"],
-                         options=execution_settings(snakemake.config, snakemake.wildcards.model)["backend_options"],
-                         tokenizer=tokenizer) as backend:
-        spines = run_spines(backend, tokenizer, problems, s, grade=grade, partial_root=lambda key: partial_dir(out, key),
-                            notice=notice)
+                         options=options, tokenizer=tokenizer) as backend:
+        spines = run_spines(backend, tokenizer, problems, s, grade=grade, notice=notice,
+                            partial_root=lambda key, part: partial_dir(out, {**identity, "part": key}, part))
     write_parquet(spines, out, metadata=provenance(manifest, phase="A", settings=s, grading=snakemake.params.grading,
                                                    backend=backend.versions()))
     clear_partial(out)

@@ -2,7 +2,7 @@
 `evaluation.seeds_per_job: all`, every seed)."""
 
 from pwopsd.generation.sampling import generation_path, run_generations
-from pwopsd.io import read_parquet
+from pwopsd.io import one_writer, read_parquet
 from pwopsd.models import read_manifest
 from pwopsd.runtime import set_threads, setup_logging, versions
 from pwopsd.settings import execution_settings
@@ -18,7 +18,8 @@ def main(snakemake):
     seeds = {s: (seed, [generation_path(wc.model, wc.checkpoint, b, s) for b in names])
              for s, seed in snakemake.params.seeds.items()}
     assert sorted(p for _, outs in seeds.values() for p in outs) == sorted(snakemake.output.generations)
-    with exit_on_notice(console=True):  # a notice signal: the shard in progress is saved, then exit 75
+    # One copy of the job at a time (its kept shards); a notice signal: the shard in progress is saved, then exit 75.
+    with exit_on_notice(console=True), one_writer(snakemake.output.generations[0], f"generate {wc.model}/{wc.checkpoint}"):
         run_generations(
             benchmarks=[(name, read_parquet(table)) for name, table in zip(names, snakemake.input.benchmarks)],
             seeds=seeds,

@@ -4,6 +4,7 @@ Resumable one benchmark-seed pair at a time; on a notice signal it exits 75 betw
 
 from pwopsd.evaluation.grading import GraderPool, pool_settings
 from pwopsd.evaluation.pipeline import grade_checkpoint
+from pwopsd.io import one_writer
 from pwopsd.runtime import setup_logging, versions
 from pwopsd.standalone import standalone_snakemake
 from pwopsd.tracking import evaluation_run, track_once
@@ -21,7 +22,8 @@ def main(snakemake):
     for name, seed, _, graded_out, metrics_out in pairs:
         assert graded_out.endswith(f"/{name}/seed-{seed}.parquet") and metrics_out.endswith(f"/{name}/seed-{seed}.json")
     meta = {"model": wc.model, "checkpoint": wc.checkpoint, "grading_options": snakemake.params.grading, "versions": versions()}
-    with exit_on_notice(console=True), Notice() as notice, \
+    with exit_on_notice(console=True), one_writer(snakemake.output.graded[0], f"grade {wc.model}/{wc.checkpoint}"), \
+            Notice() as notice, \
             GraderPool(workers=snakemake.threads, timeout=gs.timeout, options=gs.options, progress=True) as pool:
         summaries = grade_checkpoint(pairs, dict(zip(snakemake.params.benchmarks, snakemake.input.benchmarks)), pool=pool,
                                      meta=meta, maj_budget=gs.maj_budget, graders=gs.graders, verdicts=gs.verdicts,

@@ -182,7 +182,9 @@ def run_spines(backend, tokenizer, problems: pd.DataFrame, settings: dict, *, gr
     """Greedy student-template rollouts, then a seeded T=``fallback_temperature`` rollout for the
     problems whose greedy spine has no ``\\boxed{...}``; the spine's answer is graded with
     ``grade(predictions, golds) -> list[bool]``. Resumable through ``partial_root`` (a function
-    of a fingerprint key returning a folder, :func:`pwopsd.io.partial_dir`); with a ``notice``,
+    of a key and a part name, ``greedy`` or ``fallback``, returning the folder of that part's kept
+    shards: :func:`pwopsd.io.partial_dir` with the job's model identity added to the key, as the
+    spines script does); with a ``notice``,
     it stops at a shard boundary as :func:`pwopsd.generation.sampling.generate_resumable`."""
     from pwopsd.generation.sampling import PromptTooLongError, SamplingConfig, generate_resumable
 
@@ -202,7 +204,7 @@ def run_spines(backend, tokenizer, problems: pd.DataFrame, settings: dict, *, gr
 
     keys = problems[PROBLEM_KEY].to_dict("records")
     greedy_reqs = [request(ids, 0.0, None) for ids in prompt_ids]
-    greedy = generate_resumable(backend, greedy_reqs, keys, partial=partial_root({"greedy": greedy_reqs, "keys": keys}),
+    greedy = generate_resumable(backend, greedy_reqs, keys, partial=partial_root({"requests": greedy_reqs, "keys": keys}, "greedy"),
                                 shard_size=shard_size, token_ids=True, notice=notice)
     greedy["decoding"] = "greedy"
     redo = [i for i, text in enumerate(greedy["text"]) if extract_boxed(text) is None]
@@ -211,7 +213,7 @@ def run_spines(backend, tokenizer, problems: pd.DataFrame, settings: dict, *, gr
     if redo:
         fb_reqs = [request(prompt_ids[i], float(sp["fallback_temperature"]), int(sp["seed"])) for i in redo]
         fb_keys = [keys[i] for i in redo]
-        fallback = generate_resumable(backend, fb_reqs, fb_keys, partial=partial_root({"fallback": fb_reqs, "keys": fb_keys}),
+        fallback = generate_resumable(backend, fb_reqs, fb_keys, partial=partial_root({"requests": fb_reqs, "keys": fb_keys}, "fallback"),
                                       shard_size=shard_size, token_ids=True, notice=notice)
         fallback["decoding"] = "fallback"
         greedy = pd.concat([greedy.drop(index=redo), fallback]).set_index(PROBLEM_KEY).loc[

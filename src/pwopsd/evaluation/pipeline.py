@@ -13,6 +13,7 @@ import pandas as pd
 from pwopsd.evaluation.grading import STATUS_CRASHED, STATUS_OVER_BUDGET, STATUS_TIMEOUT, GraderPool, GradingOptions, extract_boxed
 from pwopsd.evaluation.metrics import METRICS, aggregate_seeds, clustering_pairs, maj_clusters, metrics_from_grades
 from pwopsd.io import atomic_path, clear_partial, partial_dir, read_json, read_parquet, sha256_file, write_json, write_parquet
+from pwopsd.keys import part_key
 from pwopsd.notice import stop_on_notice
 
 log = logging.getLogger(__name__)
@@ -122,15 +123,18 @@ def grade_checkpoint(pairs: list[tuple[str, str, str, str, str]], benchmark_tabl
 
     Resumable, one benchmark-seed pair a shard: a graded pair is saved under its hidden partial
     folder (:func:`pwopsd.io.partial_dir`, keyed by the sha256 of its generations and benchmark
-    files and by ``meta``: grading options and library versions), which a rerun reuses; Snakemake
+    files, ``meta`` (grading options), the grading settings, library versions and the grading
+    code, :func:`pwopsd.keys.part_key`), which a rerun reuses; Snakemake
     deletes every output of a job that stops early, so every saved pair is kept until the last
     output is written. With a ``notice`` (:class:`pwopsd.notice.Notice`) that has
     received its signal, the job stops with ``Interrupted`` before the next pair."""
     summaries = []
     for i, (name, seed_name, generations, graded_out, metrics_out) in enumerate(pairs):
         pair_meta = {**meta, "benchmark": name, "seed_name": seed_name}
-        saved = partial_dir(graded_out, {"generations": sha256_file(generations),
-                                         "benchmark": sha256_file(benchmark_tables[name]), "meta": pair_meta})
+        saved = partial_dir(graded_out, part_key(
+            None, code=("pwopsd.evaluation.pipeline",), generations=sha256_file(generations),
+            benchmark=sha256_file(benchmark_tables[name]), meta=pair_meta, maj_budget=maj_budget, graders=graders,
+            verdicts=verdicts), part="pair")
         if (saved / "metrics.json").exists():
             log.info("%s: graded before this attempt, reusing %s", metrics_out, saved)
         else:

@@ -2,8 +2,9 @@
 
 A generation job at paper scale (7,080 samples of up to 38,912 tokens) runs for hours, so it works
 through the benchmark in shards of problems. Each finished shard is saved under
-``<output>.partial/<fingerprint>/`` (not a declared output; the fingerprint hashes everything that
-determines the samples), a restarted job skips finished shards, and the final parquet is written
+``.<output>.partial/shards/<fingerprint>/`` (not a declared output; the fingerprint hashes everything
+that determines the samples: the weights by content, dtype, backend and engine settings, the code,
+sampling and prompts, :mod:`pwopsd.keys`), a restarted job skips finished shards, and the final parquet is written
 atomically at the end.
 """
 
@@ -141,13 +142,19 @@ def sample_benchmark(
     shard_size: int = 100,
     notice=None,
     clear: bool = True,
+    identity: dict | None = None,
 ) -> pd.DataFrame:
     """Generate ``sampling.n`` samples per problem and write the generations parquet at ``output``
     (its shards are removed then, unless ``clear`` is False: a job with several outputs keeps them
-    until all are written, since Snakemake deletes every output of a job that stops early)."""
+    until all are written, since Snakemake deletes every output of a job that stops early).
+
+    ``identity`` is what the kept shards are the work of besides sampling, prompts and
+    ``metadata``: the model's weights by content, dtype, backend, engine settings and code
+    (:func:`generation_identity`). Without it, shards are keyed by ``metadata`` alone."""
     t0 = time.time()
     requests = [sampling.request(p) for p in prompt_ids]
-    key = {"meta": metadata, "sampling": sampling.__dict__, "ids": list(problem_ids), "prompts": [list(p) for p in prompt_ids]}
+    key = {"identity": identity, "meta": metadata, "sampling": sampling.__dict__, "ids": list(problem_ids),
+           "prompts": [list(p) for p in prompt_ids]}
     table = generate_resumable(backend, requests, [{"problem_id": pid} for pid in problem_ids],
                                partial=partial_dir(output, key), shard_size=shard_size, notice=notice)
     meta = {**metadata, "sampling": sampling.__dict__, "backend": backend.versions(),
@@ -220,6 +227,7 @@ def run_generations(
 
     first = SamplingConfig.from_evaluation(settings, None)
     tokenizer = load_tokenizer(manifest)
+    identity = generation_identity(manifest, dtype=dtype, backend_name=backend_name, backend_options=backend_options)
     # On a notice signal (Slurm's warning, time limit, preemption) the shard in progress is finished
     # and the job stops resumable; every finished shard is kept until the last output is written.
     with Notice() as notice, make_backend(backend_name, manifest, dtype=dtype, max_model_len=first.max_model_len,
@@ -229,14 +237,23 @@ def run_generations(
             for (name, table), output in zip(benchmarks, outputs, strict=True):
                 _sample_one_benchmark(backend, tokenizer, name, table, output, manifest=manifest, settings=settings,
                                       sampling=sampling, chat_template=chat_template,
-                                      metadata={**metadata, "seed_name": seed_name}, notice=notice)
+                                      metadata={**metadata, "seed_name": seed_name}, notice=notice, identity=identity)
     for _, outputs in seeds.values():
         for output in outputs:
             clear_partial(output)
 
 
+def generation_identity(manifest: dict, *, dtype: str, backend_name: str, backend_options: dict | None) -> dict:
+    """What a generation job's kept shards are the work of besides sampling and prompts: the
+    checkpoint's weights by content, dtype, backend and its engine settings, the sampling code."""
+    from pwopsd.keys import part_key
+
+    return part_key(manifest, code=("pwopsd.generation.sampling",), dtype=dtype, backend=backend_name,
+                    engine=dict(backend_options or {}))
+
+
 def _sample_one_benchmark(backend, tokenizer, name, table, output, *, manifest, settings, sampling, chat_template,
-                          metadata, notice=None) -> None:
+                          metadata, notice=None, identity=None) -> None:
     ids = eval_prompt_ids(
         tokenizer,
         list(table["problem"]),
@@ -254,7 +271,8 @@ def _sample_one_benchmark(backend, tokenizer, name, table, output, *, manifest, 
         "chat_template": chat_template,
     }
     log.info("sampling %s (%d problems)", name, len(table))
-    sample_benchmark(backend, list(table["id"]), ids, sampling, output=output, metadata=meta, notice=notice, clear=False)
+    sample_benchmark(backend, list(table["id"]), ids, sampling, output=output, metadata=meta, notice=notice, clear=False,
+                     identity=identity)
 
 
 def generation_path(model: str, checkpoint: str, benchmark: str, seed: str) -> str:

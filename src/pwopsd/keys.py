@@ -1,0 +1,165 @@
+"""What kept work is the work of: the keys of everything a job reuses across attempts.
+
+A job that stops early keeps finished pieces for its next attempt: generation shards, graded
+benchmark-seed pairs, the diagnostic's spines and forced continuations, training checkpoints. A
+piece may be reused only by an attempt that would compute exactly the same piece, so each is kept
+in a folder named by the fingerprint of a key that holds everything that determines it:
+
+- the **weights** by content (:func:`weights_identity`): a Hub model's resolved commit and file
+  checksums; a built or merged checkpoint's content hash, recorded in its manifest when it is
+  written (:func:`content_sha256`). A path or a model name says nothing: retraining writes new
+  weights to the same path;
+- the **dtype**, the **backend** and its engine settings;
+- the **code** that computes it (:func:`code_digest`: the sources of the package's modules the
+  job's entry module imports, directly or not) and the library versions;
+- the job's own settings and inputs (sampling, prompts, requests, grading options, ...).
+
+:func:`part_key` assembles the common part; :func:`pwopsd.io.partial_dir` names the folder,
+discards kept parts of another key and says in the log which fields changed (:func:`changed_fields`).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+PACKAGE_ROOT = Path(__file__).resolve().parent
+
+# Library versions that do not change what a job computes (the workflow engine; the package
+# itself is covered by its sources, which the cluster's stacks import from the checkout).
+NOT_RESULT_VERSIONS = ("pwopsd", "snakemake")
+
+
+def _module_file(name: str) -> Path | None:
+    """The source file of the package module ``name`` (``pwopsd.x.y``), or None (not a module of
+    the package, or a name inside one: ``from pwopsd.x import y`` where ``y`` is a function)."""
+    parts = name.split(".")
+    if parts[0] != "pwopsd":
+        return None
+    base = PACKAGE_ROOT.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported_modules(path: Path, module: str) -> set[str]:
+    """Package modules that the source at ``path`` (module ``module``) imports anywhere in its body,
+    function-level imports included (the package imports heavy libraries lazily)."""
+    is_package = path.name == "__init__.py"
+    tree = ast.parse(path.read_text(), str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                anchor = module.split(".") if is_package else module.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {m for m in found if m.startswith("pwopsd")}
+
+
+@functools.lru_cache(maxsize=None)
+def module_closure(*entries: str) -> tuple[str, ...]:
+    """The package modules ``entries`` import, directly or through each other, entries and parent
+    packages (whose ``__init__`` runs on import) included, sorted."""
+    seen: dict[str, Path] = {}
+    todo = list(entries)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        path = _module_file(name)
+        if path is None:
+            continue
+        seen[name] = path
+        parents = [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]
+        todo.extend([*parents, *_imported_modules(path, name)])
+    missing = [e for e in entries if e not in seen]
+    if missing:
+        raise ValueError(f"not modules of the package: {', '.join(missing)}")
+    return tuple(sorted(seen))
+
+
+def code_digest(*entries: str) -> str:
+    """SHA-256 of the sources of every package module the entry modules import (directly or not):
+    what changes when the code that computes a kept part changes. Read from the files the job
+    imports (the checkout on the cluster, where pwopsd is not installed and has no version)."""
+    h = hashlib.sha256()
+    for name in module_closure(*entries):
+        h.update(name.encode() + b"\0" + _module_file(name).read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def folder_files_sha256(root: str | os.PathLike) -> dict[str, str]:
+    """SHA-256 of every file of a checkpoint folder, by relative path (hidden files left out:
+    Snakemake's time stamps in ``directory()`` outputs)."""
+    from pwopsd.io import sha256_file
+
+    root = Path(root)
+    return {str(f.relative_to(root)): sha256_file(f) for f in sorted(root.rglob("*"))
+            if f.is_file() and not any(p.startswith(".") for p in f.relative_to(root).parts)}
+
+
+def content_sha256(files: dict[str, str]) -> str:
+    """One hash of a folder's ``{relative path: sha256}``: what a built or merged checkpoint's
+    manifest records as its identity when it is written."""
+    return hashlib.sha256("".join(f"{k}\0{v}\n" for k, v in sorted(files.items())).encode()).hexdigest()
+
+
+def weights_identity(manifest: dict) -> dict:
+    """What determines a checkpoint's weights and tokenizer files: a Hub model's id, pinned revision,
+    resolved commit and file checksums; a built or merged one's content hash from its manifest; any
+    other, the hash of its folder's files now."""
+    from pwopsd.models import ModelError
+
+    if manifest.get("files_sha256"):
+        return {"hf_id": manifest.get("hf_id"), "revision": manifest.get("revision"),
+                "resolved_commit": manifest.get("resolved_commit"), "files": manifest["files_sha256"]}
+    if manifest.get("content_sha256"):
+        return {"content_sha256": manifest["content_sha256"]}
+    root = Path(manifest["path"])
+    if not root.is_dir():
+        raise ModelError(f"model {manifest.get('model')}: checkpoint directory {root} does not exist")
+    return {"content_sha256": content_sha256(folder_files_sha256(root))}
+
+
+def result_versions() -> dict[str, str]:
+    """Versions of the libraries that can change a computed piece (see :data:`NOT_RESULT_VERSIONS`)."""
+    from pwopsd.runtime import versions
+
+    return {k: v for k, v in versions().items() if k not in NOT_RESULT_VERSIONS}
+
+
+def part_key(manifest: dict | None, *, code: Iterable[str], dtype: str | None = None, backend: str | None = None,
+             engine: dict | None = None, **what: Any) -> dict:
+    """The key of a kept part: the weights' identity, dtype, backend and engine settings, the code of
+    the ``code`` entry modules, library versions, and ``what`` (the job's own settings and inputs)."""
+    return {"weights": None if manifest is None else weights_identity(manifest), "dtype": dtype, "backend": backend,
+            "engine": engine, "code": code_digest(*code), "versions": result_versions(), **what}
+
+
+def changed_fields(old: Any, new: Any, prefix: str = "", limit: int = 8) -> list[str]:
+    """Dotted paths of the fields that differ between two keys (at most ``limit``; a list or value
+    that differs is named once): what a log line says when kept work is discarded."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for k in sorted(set(old) | set(new), key=str):
+            if old.get(k, _MISSING) != new.get(k, _MISSING):
+                out.extend(changed_fields(old.get(k, _MISSING), new.get(k, _MISSING), f"{prefix}{k}.", limit))
+            if len(out) >= limit:
+                return out[:limit]
+        return out
+    return [prefix.rstrip(".") or "(whole key)"]
+
+
+_MISSING = object()

@@ -1,0 +1,197 @@
+"""Kept work is keyed by everything that determines it (``pwopsd.keys``, ``pwopsd.io.partial_dir``)
+and written by one copy of a job at a time (``pwopsd.io.one_writer``).
+
+The scenario of issue 41: a generation job stops early with shards kept; the model is retrained
+into the same path; the rerun must not take the old model's shards for the first problems. Also
+for a changed dtype, backend and code. The diagnostic's kept parts and graded pairs use the same
+key helper and folder (``test_branch_viability.py``, ``test_grading.py`` resume through them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pwopsd import keys
+from pwopsd.generation.sampling import SamplingConfig, eval_prompt_ids, generation_identity, sample_benchmark
+from pwopsd.io import WriterLockedError, one_writer, partial_dir
+from test_sampling import EVAL, CountingBackend
+
+
+@pytest.fixture
+def package_copy(tmp_path, monkeypatch):
+    """The package's sources in a folder of their own, read by ``pwopsd.keys`` instead of the real ones."""
+    copy = tmp_path / "pwopsd"
+    shutil.copytree(keys.PACKAGE_ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(keys, "PACKAGE_ROOT", copy)
+    keys.module_closure.cache_clear()
+    yield copy
+    keys.module_closure.cache_clear()
+
+
+def test_the_code_digest_changes_with_every_module_the_entry_imports_and_no_other(package_copy):
+    entry = "pwopsd.generation.sampling"
+    closure = keys.module_closure(entry)
+    # imported at function level (sampling loads models lazily) and through the package (generation/__init__)
+    assert {"pwopsd.models", "pwopsd.generation", "pwopsd.generation.hf_backend", "pwopsd.prompts"} <= set(closure)
+    assert "pwopsd.report.tables" not in closure
+    before = keys.code_digest(entry)
+    (package_copy / "report" / "tables.py").write_text((package_copy / "report" / "tables.py").read_text() + "\n# x\n")
+    assert keys.code_digest(entry) == before
+    for module in ("models.py", "generation/__init__.py", "generation/vllm_backend.py"):
+        path = package_copy / module
+        path.write_text(path.read_text() + "\n# a fix\n")
+        after = keys.code_digest(entry)
+        assert after != before, module
+        before = after
+    with pytest.raises(ValueError, match="not modules of the package"):
+        keys.code_digest("pwopsd.no_such_module")
+
+
+def test_the_training_code_digest_covers_model_loading_rollout_seeds_and_the_vllm_engine():
+    closure = keys.module_closure("pwopsd.training.job")
+    for module in ("pwopsd.models", "pwopsd.generation", "pwopsd.generation.vllm_backend", "pwopsd.generation.rollout",
+                   "pwopsd.training.loop", "pwopsd.training.losses", "pwopsd.schedule", "pwopsd.prompts"):
+        assert module in closure, module
+
+
+def test_weights_are_identified_by_content_not_by_path(tmp_path):
+    model = tmp_path / "merged"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights of the first training")
+    (model / ".snakemake_timestamp").write_text("1")  # Snakemake's time stamp in a directory() output: not content
+    first = keys.weights_identity({"path": str(model)})
+    recorded = keys.content_sha256(keys.folder_files_sha256(model))
+    assert first == keys.weights_identity({"path": str(model), "content_sha256": recorded})
+    (model / ".snakemake_timestamp").write_text("2")
+    assert keys.weights_identity({"path": str(model)}) == first
+    (model / "model.safetensors").write_bytes(b"weights of the second training")  # retrained into the same path
+    assert keys.weights_identity({"path": str(model)}) != first
+    hub = {"path": "x", "hf_id": "Qwen/Qwen3-4B", "revision": "abc", "resolved_commit": "abc", "files_sha256": {"a": "1"}}
+    assert keys.weights_identity(hub) != keys.weights_identity({**hub, "resolved_commit": "def"})
+
+
+def test_changed_fields_name_the_dotted_paths_that_differ():
+    old = {"weights": {"content_sha256": "a"}, "dtype": "bfloat16", "code": "1", "sampling": {"n": 12, "seed": 1}}
+    new = {"weights": {"content_sha256": "b"}, "dtype": "bfloat16", "code": "2", "sampling": {"n": 12, "seed": 2},
+           "engine": {}}
+    assert keys.changed_fields(old, new) == ["code", "engine", "sampling.seed", "weights.content_sha256"]
+    assert keys.changed_fields(old, old) == []
+
+
+def _save(model, tokenizer, folder: Path) -> dict:
+    if folder.exists():
+        shutil.rmtree(folder)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return {"model": "tiny", "path": str(folder)}
+
+
+CHANGES = {
+    "the model retrained into the same path": {},
+    "another dtype": {"dtype": "bfloat16"},
+    "another backend": {"backend_name": "vllm"},
+    "another engine setting": {"backend_options": {"hf_batch_size": 2}},
+    "changed code": {"code": True},
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_an_interrupted_generation_never_reuses_a_shard_made_under_another_key(change, tmp_path, tiny_tokenizer,
+                                                                               random_tiny_model, monkeypatch, caplog):
+    import torch
+
+    from pwopsd.models import load_model
+
+    folder = tmp_path / "merged"  # the checkpoint path a merge writes, whatever the training
+    manifest = _save(random_tiny_model, tiny_tokenizer, folder)
+    problems = [f"Compute {i} + 2." for i in range(6)]
+    ids = eval_prompt_ids(tiny_tokenizer, problems, enable_thinking=True, add_special_tokens=False)
+    pids = [f"p{i}" for i in range(6)]
+    cfg = SamplingConfig.from_evaluation(EVAL, seed=3)
+    settings = {"dtype": "float32", "backend_name": "hf", "backend_options": {}}
+    out = tmp_path / "gen.parquet"
+
+    def run(backend, **how):
+        identity = generation_identity(manifest, **{**settings, **{k: v for k, v in how.items() if k != "code"}})
+        return sample_benchmark(backend, pids, ids, cfg, output=out, metadata={"model": "tiny"}, shard_size=2,
+                                identity=identity)
+
+    with pytest.raises(KeyboardInterrupt):  # stopped early with its first two shards kept
+        run(CountingBackend(load_model(manifest), tiny_tokenizer, fail_after=2))
+    assert len(list(out.parent.glob(".gen.parquet.partial/shards/*/shard-*.parquet"))) == 2
+
+    how = dict(CHANGES[change])
+    if change == "the model retrained into the same path":
+        torch.manual_seed(99)
+        retrained = type(random_tiny_model)(random_tiny_model.config)
+        manifest = _save(retrained, tiny_tokenizer, folder)
+    if how.get("code"):
+        digest = keys.code_digest
+        monkeypatch.setattr(keys, "code_digest", lambda *e: "after a fix " + digest(*e))
+    model = load_model(manifest)
+    rerun = CountingBackend(model, tiny_tokenizer)
+    with caplog.at_level(logging.WARNING, logger="pwopsd.io"):
+        got = run(rerun, **how)
+    assert rerun.calls == 3  # every shard generated again
+    clean = sample_benchmark(CountingBackend(model, tiny_tokenizer), pids, ids, cfg, output=tmp_path / "clean.parquet",
+                             metadata={"model": "tiny"}, shard_size=2)
+    pd.testing.assert_frame_equal(got, clean)
+    said = [r.getMessage() for r in caplog.records if "discarding 2 kept shards" in r.getMessage()]
+    expected = {"the model retrained into the same path": "identity.weights", "another dtype": "identity.dtype",
+                "another backend": "identity.backend", "another engine setting": "identity.engine",
+                "changed code": "identity.code"}[change]
+    assert len(said) == 1 and expected in said[0], said
+
+
+def test_an_unchanged_key_resumes_and_a_folder_without_key_is_discarded(tmp_path, caplog):
+    out = tmp_path / "x.parquet"
+    first = partial_dir(out, {"a": 1})
+    (first / "shard-00000.parquet").write_text("kept")
+    assert partial_dir(out, {"a": 1}) == first and (first / "shard-00000.parquet").exists()
+    stray = first.parent / "0123456789abcdef"  # an older layout's folder, no key file
+    stray.mkdir()
+    with caplog.at_level(logging.WARNING, logger="pwopsd.io"):
+        partial_dir(out, {"a": 1})
+    assert not stray.exists() and "key file is missing" in caplog.text
+    assert json.loads((first / "key.json").read_text()) == {"a": 1}
+
+
+HOLD = """
+import sys, time
+from pwopsd.io import one_writer
+with one_writer(sys.argv[1], "training tiny/opsd"):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_second_copy_of_a_job_stops_at_once_naming_the_first_and_a_killed_holder_frees_the_lock(tmp_path):
+    run_dir = tmp_path / "checkpoints" / "0123abcd"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "SLURM_JOB_ID": "4242"})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        started = time.time()
+        with pytest.raises(WriterLockedError) as info:
+            with one_writer(run_dir, "training tiny/opsd"):
+                pytest.fail("a second copy got the lock")
+        assert time.time() - started < 5  # at once, not after a wait
+        message = str(info.value)
+        assert f"pid {holder.pid}" in message and "Slurm job 4242" in message and "training tiny/opsd" in message
+        assert "--rerun-incomplete" in message
+    finally:
+        holder.send_signal(signal.SIGKILL)  # the first copy dies (a node lost, scancel): its lock goes with it
+        holder.wait()
+    with one_writer(run_dir, "training tiny/opsd") as lock:
+        assert f"pid {os.getpid()}" in lock.read_text()
