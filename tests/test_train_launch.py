@@ -174,6 +174,33 @@ def test_a_two_process_run_that_loses_one_rank_fails_and_the_rerun_is_bit_identi
     _rerun_equals(uninterrupted, args, base, "rank_lost")
 
 
+def test_a_two_process_run_with_lora_dropout_resumes_each_rank_from_its_own_rng_state_bit_for_bit(base):
+    """LoRA dropout 0.05 (the paper's value) in 2 processes: each rank draws its masks from its own
+    generator, and the two ranks' generators are at different points at a checkpoint (they draw
+    for batches of other shapes). The run stopped after step 2 (stop_at, no part of the run key)
+    and continued to step 4 by fresh processes ends with the uninterrupted run's adapter and step
+    log, bit for bit: every rank resumed from its own RNG state (restoring rank 0's on every rank,
+    as before issue 41, gives rank 1 other masks: another adapter)."""
+    full = _launch_2(base, "dropout_full", lora_dropout=0.05)
+    first = _args(base, "dropout_resumed", accumulation=2, lora_dropout=0.05, stop_at=2)
+    first["eval_step"] = 2
+    launch(first, processes=2, args_path=base / "dropout_resumed" / "args.json", log_path=base / "dropout_resumed" / "rule.log")
+    work = Path(first["work_dir"])
+    assert sorted(p.name for p in work.glob("step-*")) == ["step-000002"]
+    rest = _args(base, "dropout_resumed", accumulation=2, lora_dropout=0.05)
+    assert rest["work_dir"] == first["work_dir"]
+    launch(rest, processes=2, args_path=base / "dropout_resumed" / "args.json", log_path=base / "dropout_resumed" / "rule.log")
+    assert f"resumed from {work / 'step-000002'} (step 2)" in (base / "dropout_resumed" / "rule.log").read_text()
+    a, b = _adapter(full), _adapter(rest)
+    assert a.keys() == b.keys() and [k for k in a if not torch.equal(a[k], b[k])] == []
+    strip = lambda path: [{k: v for k, v in json.loads(x).items() if not k.endswith("seconds")} for x in open(path)]  # noqa: E731
+    assert strip(full["log_out"]) == strip(rest["log_out"]) and len(strip(rest["log_out"])) == 4
+    # The test's premise: both ranks seeded their generator alike, so states that differ at the
+    # checkpoint show that dropout drew from them, and differently on each rank.
+    ranks = torch.load(work / "step-000002" / "trainer_state.pt", weights_only=False)["rng_ranks"]
+    assert len(ranks) == 2 and not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
+
+
 def test_a_crashing_rank_fails_the_job_with_its_traceback_in_the_rule_log(base):
     args = _args(base, "crash", accumulation=2)
     args["manifest"] = str(base / "missing.json")
@@ -211,7 +238,8 @@ def test_checkpoints_are_keyed_by_everything_that_determines_the_run(base, tmp_p
     assert again == first and "resumed from" in text and "(step 2)" in text
     variants = {"setting": {**args, "train": {**args["train"], "lr": 2e-3}}, "dtype": {**args, "dtype": "bfloat16"},
                 "prompt switch": {**args, "chat_template": {**args["chat_template"], "think_closure": False}},
-                "rollout policy": {**args, "train": {**args["train"], "rollout_policy": "merged_bf16"}}}
+                "rollout policy": {**args, "train": {**args["train"], "rollout_policy": "merged_bf16"}},
+                "deterministic kernels": {**args, "train": {**args["train"], "deterministic": True}}}
     keys = {name: checkpoint_dir(root, a) for name, a in variants.items()}
     corpus = pd.read_parquet(tmp_path / "corpus.parquet")
     corpus.iloc[::-1].to_parquet(tmp_path / "corpus.parquet")  # same rows, another order: other batches

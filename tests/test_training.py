@@ -36,10 +36,10 @@ def _check(texts, answers):
     return [str(integer_answer(t)) == a for t, a in zip(texts, answers)]
 
 
-def _trainer(model_factory, tok, work_dir, method="pwopsd", steps=4, stop_at=None):
+def _trainer(model_factory, tok, work_dir, method="pwopsd", steps=4, stop_at=None, **overrides):
     cfg = paper_train_config(method, lora_r=4, lora_alpha=8, lr=1e-3, max_steps=steps, save_every=2, per_device_batch_size=4,
                       gradient_accumulation_steps=2, max_completion_length=12, chunk_size=16, seed=7,
-                      stop_at=stop_at or steps)
+                      stop_at=stop_at or steps, **overrides)
     return Trainer(model_factory(), tok, _examples(), cfg, work_dir, add_special_tokens=False, answer_check=_check)
 
 
@@ -80,13 +80,14 @@ def _assert_same_adapter(a, b):
         assert torch.equal(wa[k], wb[k]), k
 
 
-def test_killed_run_resumes_to_the_same_adapter(tmp_path, model_factory, tiny_tokenizer):
-    full = _trainer(model_factory, tiny_tokenizer, tmp_path / "full")
+@pytest.mark.parametrize("dropout", [0.0, 0.05])  # the reference's effective LoRA dropout, the paper's
+def test_killed_run_resumes_to_the_same_adapter(tmp_path, model_factory, tiny_tokenizer, dropout):
+    full = _trainer(model_factory, tiny_tokenizer, tmp_path / "full", lora_dropout=dropout)
     full.train()
-    killed = _trainer(model_factory, tiny_tokenizer, tmp_path / "killed")
+    killed = _trainer(model_factory, tiny_tokenizer, tmp_path / "killed", lora_dropout=dropout)
     killed.train(stop_after=3)  # killed after step 3; the last checkpoint is step 2
     assert sorted(p.name for p in (tmp_path / "killed").glob("step-*")) == ["step-000002"]
-    resumed = _trainer(model_factory, tiny_tokenizer, tmp_path / "killed")
+    resumed = _trainer(model_factory, tiny_tokenizer, tmp_path / "killed", lora_dropout=dropout)
     resumed.train()
     assert resumed.step == 4
     _assert_same_adapter(full, resumed)
@@ -354,3 +355,229 @@ def test_a_saved_adapter_config_is_the_same_bytes_whatever_order_peft_wrote_its_
         written.append(path.read_bytes())
     assert written[0] == written[1]
     assert json.loads(written[0]) == {"target_modules": ["q_proj", "up_proj", "v_proj"], "r": 8, "modules_to_save": None}
+
+
+# -- RNG states per rank, the deterministic switch, a step log two copies wrote (issue 41) ---------
+
+
+def _draws():
+    """A few numbers from every generator a rank's state holds (restoring a state = equal draws)."""
+    import random
+
+    import numpy as np
+
+    return torch.rand(4).tolist(), np.random.rand(4).tolist(), [random.random() for _ in range(4)]
+
+
+def _state_with(path, **changes):
+    """Rewrite the trainer state of a checkpoint folder with ``changes``."""
+    state = torch.load(path / "trainer_state.pt", weights_only=False)
+    state.update(changes)
+    torch.save(state, path / "trainer_state.pt")
+    return state
+
+
+def test_every_rank_resumes_its_own_rng_state_and_a_checkpoint_of_another_world_is_refused(tmp_path, model_factory,
+                                                                                           tiny_tokenizer):
+    """The checkpoint holds one RNG state per rank (index = rank); a rank restores its own. A
+    checkpoint written by a world of another size is an error naming both sizes (the 2-process
+    run itself: tests/test_train_launch.py)."""
+    import random
+
+    import numpy as np
+
+    from pwopsd.training.loop import rank_rng_state, set_rank_rng_state
+
+    tr = _trainer(model_factory, tiny_tokenizer, tmp_path)
+    tr.step = 2
+    ckpt = tr.save()
+    saved = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    assert "rng" not in saved and len(saved["rng_ranks"]) == 1 and set(saved["rng_ranks"][0]) == {"torch", "numpy", "python"}
+    states = []
+    for seed in (11, 12):  # two ranks' generators at different points
+        torch.manual_seed(seed)
+        np.random.seed(seed)
+        random.seed(seed)
+        states.append(rank_rng_state())
+    _state_with(ckpt, rng_ranks=states)
+    expected = []
+    for s in states:
+        set_rank_rng_state(s)
+        expected.append(_draws())
+    for rank in (1, 0):
+        other = _trainer(model_factory, tiny_tokenizer, tmp_path)
+        other.rank, other.world = rank, 2  # this process as rank `rank` of 2 (the RNG restore reads no collective)
+        assert other.resume() and other.step == 2
+        assert _draws() == expected[rank], rank
+    three = _trainer(model_factory, tiny_tokenizer, tmp_path)
+    three.rank, three.world = 0, 3
+    with pytest.raises(RuntimeError, match=r"written by a run of 2 process\(es\) but this run has 3"):
+        three.resume()
+
+
+def test_a_checkpoint_of_the_old_layout_restores_its_one_rng_state(tmp_path, model_factory, tiny_tokenizer):
+    """A checkpoint written before per-rank states (one ``rng`` dict) still resumes: its state is
+    restored (on every rank, as before)."""
+    from pwopsd.training.loop import rank_rng_state
+
+    tr = _trainer(model_factory, tiny_tokenizer, tmp_path)
+    tr.step = 2
+    ckpt = tr.save()
+    torch.manual_seed(99)
+    old = rank_rng_state()
+    expected = _draws()
+    state = _state_with(ckpt, rng=old)
+    del state["rng_ranks"]
+    torch.save(state, ckpt / "trainer_state.pt")
+    for rank in (0, 1):
+        resumed = _trainer(model_factory, tiny_tokenizer, tmp_path)
+        resumed.rank, resumed.world = rank, 2
+        torch.manual_seed(5)  # anything else
+        assert resumed.resume() and resumed.step == 2
+        assert _draws() == expected
+
+
+def test_the_cuda_generator_of_the_models_device_is_saved_and_restored(tmp_path, model_factory, tiny_tokenizer,
+                                                                        monkeypatch, caplog):
+    """With CUDA: the model device's CUDA generator round-trips. Without: a stand-in torch.cuda
+    checks what the save and the resume do with it: the generator of the model's device (not the
+    current one, not every device), saved in the rank's state and set back on that device on
+    resume; a CPU run never touches CUDA; a state that cannot be restored is said in the log."""
+    import logging
+
+    from pwopsd.training import loop
+
+    if torch.cuda.is_available():
+        dev = torch.device("cuda", torch.cuda.current_device())
+        state = loop.rank_rng_state(dev)
+        assert "cuda" in state
+        a = torch.rand(8, device=dev)
+        loop.set_rank_rng_state(state, dev)
+        assert torch.equal(torch.rand(8, device=dev), a)
+        return
+    calls = []
+    generator = {"state": torch.tensor([7, 1, 3], dtype=torch.uint8)}
+
+    def get_rng_state(device="cuda"):
+        calls.append(("get", torch.device(device)))
+        return generator["state"].clone()
+
+    def set_rng_state(new_state, device="cuda"):
+        calls.append(("set", torch.device(device), new_state.tolist()))
+
+    monkeypatch.setattr(torch.cuda, "get_rng_state", get_rng_state)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", set_rng_state)
+    gpu = torch.device("cuda", 1)  # the model's device is not the current device (0)
+    assert "cuda" not in loop.rank_rng_state(torch.device("cpu")) and calls == []  # CPU training: no CUDA call
+    tr = _trainer(model_factory, tiny_tokenizer, tmp_path)
+    tr.device = gpu  # as a model on cuda:1 gives it
+    tr.step = 2
+    ckpt = tr.save()
+    assert calls == [("get", gpu)]
+    assert torch.load(ckpt / "trainer_state.pt", weights_only=False)["rng_ranks"][0]["cuda"].tolist() == [7, 1, 3]
+    resumed = _trainer(model_factory, tiny_tokenizer, tmp_path)
+    resumed.device = gpu
+    resumed.resume()
+    assert calls[-1] == ("set", gpu, [7, 1, 3])
+    n = len(calls)
+    with caplog.at_level(logging.WARNING, logger="pwopsd.training.loop"):
+        on_cpu = _trainer(model_factory, tiny_tokenizer, tmp_path)
+        on_cpu.resume()  # a GPU checkpoint resumed on CPU: its CUDA state is not restored, and the log says so
+        assert len(calls) == n and "holds a CUDA RNG state but this run trains on cpu" in caplog.text
+        caplog.clear()
+        loop.set_rank_rng_state(loop.rank_rng_state(torch.device("cpu")), gpu)  # a CPU (or old) state on a GPU
+        assert len(calls) == n and "holds no CUDA RNG state" in caplog.text
+
+
+@pytest.fixture()
+def determinism_restored():
+    """The process's determinism switches as they were before the test, and the cuBLAS variable."""
+    import os
+
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    torch.use_deterministic_algorithms(False)
+    os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    yield
+    torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[2], saved[3]
+    if saved[4] is None:
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    else:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = saved[4]
+
+
+def test_the_deterministic_switch_sets_deterministic_algorithms_and_the_cublas_workspace(determinism_restored):
+    import os
+
+    from pwopsd.training.loop import set_determinism
+
+    torch.backends.cudnn.benchmark = True
+    set_determinism(False)  # off: PyTorch's defaults are left alone
+    assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    assert torch.backends.cudnn.benchmark
+    set_determinism(True)
+    assert torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert not torch.backends.cudnn.benchmark and torch.backends.cudnn.deterministic
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":16:8"  # the other deterministic setting, chosen by the user: kept
+    set_determinism(True)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":0:0"  # not a deterministic one: replaced
+    set_determinism(True)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+
+
+def test_a_deterministic_run_on_cpu_trains_the_default_runs_adapter(tmp_path, model_factory, tiny_tokenizer,
+                                                                    determinism_restored):
+    """training.deterministic on CPU: the Trainer switches deterministic algorithms on, no operation
+    of the training path (rollouts, losses, backward, resume) lacks a deterministic CPU
+    implementation, and the adapter is the default run's, bit for bit (CPU training is
+    deterministic either way)."""
+    default = _trainer(model_factory, tiny_tokenizer, tmp_path / "default", steps=2, lora_dropout=0.05)
+    default.train()
+    assert not torch.are_deterministic_algorithms_enabled()
+    det = _trainer(model_factory, tiny_tokenizer, tmp_path / "deterministic", steps=2, lora_dropout=0.05, deterministic=True)
+    assert torch.are_deterministic_algorithms_enabled()
+    det.train()
+    _assert_same_adapter(default, det)
+
+
+def test_resume_keeps_one_line_per_step_of_a_log_two_copies_wrote(tmp_path, model_factory, tiny_tokenizer, caplog):
+    """Two copies of one training wrote the folder: copy A ran steps 1-5, copy B (restarted from
+    step 2's checkpoint) redid 3 and 4 and was cut in step 5's line; one line of step 5 is garbled.
+    The resume from the surviving checkpoint (step 4) keeps the last line written of each step up
+    to 4, in step order, says how many it dropped, and a resume of the clean log changes nothing."""
+    import logging
+
+    tr = _trainer(model_factory, tiny_tokenizer, tmp_path)
+    tr.step = 4
+    tr.save()
+
+    def line(step, copy):
+        return json.dumps({"step": step, "loss": step / 10, "copy": copy, "seconds": 1.0})
+
+    written = [line(1, "A"), line(2, "A"), line(3, "A"), line(3, "B"), line(4, "A"), line(4, "B"), line(5, "A"),
+               '{"step": 5, "loss": 0.5, "co{"step": 5, "loss"', line(5, "B")[:20]]  # the last one has no newline
+    log_path = tmp_path / "train_log.jsonl"
+    log_path.write_text("\n".join(written))
+    with caplog.at_level(logging.WARNING, logger="pwopsd.training.loop"):
+        resumed = _trainer(model_factory, tiny_tokenizer, tmp_path)
+        assert resumed.resume() and resumed.step == 4
+    expected = "".join(x + "\n" for x in (line(1, "A"), line(2, "A"), line(3, "B"), line(4, "B")))
+    assert log_path.read_text() == expected
+    assert "2 duplicate step line(s) and 1 unreadable line(s) dropped" in caplog.text
+    assert not list(tmp_path.glob(".train_log.jsonl.*.tmp"))  # rewritten through its temporary file
+    before = log_path.stat().st_mtime_ns
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pwopsd.training.loop"):
+        _trainer(model_factory, tiny_tokenizer, tmp_path).resume()
+    assert log_path.read_text() == expected and log_path.stat().st_mtime_ns == before and "duplicate" not in caplog.text
+    # rank > 0 never rewrites the log
+    log_path.write_text("\n".join(written))
+    other = _trainer(model_factory, tiny_tokenizer, tmp_path)
+    other.rank, other.world = 1, 2
+    _state_with(tmp_path / "step-000004", rng_ranks=torch.load(tmp_path / "step-000004" / "trainer_state.pt",
+                                                                       weights_only=False)["rng_ranks"] * 2)
+    other.resume()
+    assert log_path.read_text() == "\n".join(written)

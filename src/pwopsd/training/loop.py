@@ -16,14 +16,19 @@ Each optimizer step:
 
 Training stops after ``stop_at`` steps (``max_steps`` unless the config stops earlier: the steps it
 does are those of the full run). Every ``save_every`` steps, and at the last step, the adapter,
-optimizer, scheduler, step and RNG states are written atomically to ``<work_dir>/step-XXXXXX``; a
-restarted run resumes from the latest one.
+optimizer, scheduler, step and RNG states (every rank's: :func:`rank_rng_state`) are written
+atomically to ``<work_dir>/step-XXXXXX``; a restarted run resumes from the latest one, each rank
+from its own RNG state. ``training.deterministic`` (:func:`set_determinism`) makes GPU kernels
+deterministic as well; docs/cluster.md ("Determinism and bit-identical resumes") says which resumes
+are bit-identical where.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import random
 import shutil
 import time
@@ -79,6 +84,7 @@ class TrainConfig:
     rollout_backend: str  # hf (the live model) | vllm (a colocated engine synced every step)
     rollout_engine: dict  # the vLLM rollout engine's settings ({} for hf)
     rollout_policy: str  # adapter (base + current LoRA, exactly on-policy) | merged_bf16 (the reference's)
+    deterministic: bool  # deterministic GPU kernels (set_determinism); part of the run key: it changes GPU numerics
 
     @property
     def last_step(self) -> int:
@@ -200,14 +206,65 @@ def canonical_adapter_config(path: Path) -> None:
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
 
 
-def _rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+# cuBLAS's deterministic workspace setting (NVIDIA's cuBLAS docs, "Results reproducibility"):
+# ":4096:8" costs about 24 MiB of GPU memory per process, ":16:8" may limit performance. Either is
+# deterministic; one already set in the environment is kept.
+CUBLAS_WORKSPACE_CONFIG = ":4096:8"
+_CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
 
 
-def _set_rng_state(state: dict) -> None:
+def set_determinism(deterministic: bool) -> None:
+    """``training.deterministic``: with ``True``, PyTorch's deterministic algorithms (an operation
+    that has none raises), cuBLAS's deterministic workspace (``CUBLAS_WORKSPACE_CONFIG``) and no cuDNN
+    benchmarking. With ``False`` nothing is changed (PyTorch's defaults: fastest kernels, some of them
+    nondeterministic on GPU; on CPU the training path is deterministic either way).
+
+    cuBLAS reads its workspace setting when it creates a handle (a process's first GPU matrix
+    product), so this must run before any CUDA work: in the train job first thing in
+    :func:`pwopsd.training.job.run`, before the process group (NCCL), the model and a rollout engine
+    touch the GPU. The Trainer calls it too (the model is on its device by then: in time for the
+    switches, late for the environment variable, a warning says so when CUDA is initialised
+    without it)."""
+    if not deterministic:
+        return
+    if os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in _CUBLAS_DETERMINISTIC:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            log.warning("training.deterministic: CUDA was initialised before CUBLAS_WORKSPACE_CONFIG was set; "
+                        "matrix products of cuBLAS handles made before may not be deterministic "
+                        "(call pwopsd.training.loop.set_determinism before any CUDA work)")
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE_CONFIG
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True  # implied by the above for convolutions; stated for clarity
+
+
+def rank_rng_state(device: torch.device | None = None) -> dict:
+    """This process's RNG states: CPU torch, numpy, Python, and with a CUDA ``device`` (the model's)
+    that device's CUDA generator, the one its LoRA dropout draws from. Only the model's device: the
+    other devices of the node are other ranks' (restoring all of them from every process would
+    open a CUDA context on each device from each rank)."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rank_rng_state(state: dict, device: torch.device | None = None) -> None:
+    """Restore :func:`rank_rng_state`; its CUDA generator state goes to ``device`` (the model's), the
+    generator this rank's dropout draws from on resume."""
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
+    on_cuda = device is not None and device.type == "cuda"
+    if "cuda" in state and on_cuda:
+        torch.cuda.set_rng_state(state["cuda"], device)
+    elif "cuda" in state:
+        log.warning("the checkpoint holds a CUDA RNG state but this run trains on %s: it is not restored "
+                    "(dropout draws from the CPU generator here)", device or "cpu")
+    elif on_cuda:
+        log.warning("the checkpoint holds no CUDA RNG state (written on CPU or by an older version): the CUDA "
+                    "generator keeps its seed, so LoRA dropout masks after this resume differ from an "
+                    "uninterrupted run's")
 
 
 class RolloutEngineError(RuntimeError):
@@ -233,6 +290,7 @@ class Trainer:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.answer_check = answer_check
+        set_determinism(cfg.deterministic)
         torch.manual_seed(cfg.seed)
         if cfg.gradient_checkpointing:
             # Non-reentrant checkpointing: works with frozen base weights (no input grads needed) and
@@ -267,9 +325,27 @@ class Trainer:
         self.tracker = tracker
 
     # -- checkpoints -------------------------------------------------------------------------
+    def _gather_rng(self) -> list[dict] | None:
+        """Every rank's :func:`rank_rng_state`, on rank 0 (index = rank); None on the others. Every
+        rank must call it (a collective). The states are Python objects (pickled into byte tensors):
+        under gloo on CPU, under NCCL on each rank's own GPU, the current CUDA device, which is made
+        the model's for the call (torch.distributed's note on object collectives)."""
+        state = rank_rng_state(self.device)
+        if self.world <= 1:
+            return [state]
+        import torch.distributed as dist
+
+        gathered = [None] * self.world if self.rank == 0 else None
+        on_gpu = dist.get_backend() == "nccl" and self.device.type == "cuda"
+        with torch.cuda.device(self.device) if on_gpu else contextlib.nullcontext():
+            dist.gather_object(state, gathered, dst=0)
+        return gathered
+
     def save(self) -> Path | None:
+        """Rank 0 writes the checkpoint (every rank calls this: the RNG states are gathered)."""
         from peft import get_peft_model_state_dict
 
+        rng = self._gather_rng()
         if self.rank != 0:
             return None
         final = self.work_dir / f"step-{self.step:06d}"
@@ -278,9 +354,27 @@ class Trainer:
             self.model.save_pretrained(tmp)
             canonical_adapter_config(tmp / "adapter_config.json")
             torch.save({"step": self.step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-                        "rng": _rng_state(), "adapter": get_peft_model_state_dict(self.model),
+                        "rng_ranks": rng, "adapter": get_peft_model_state_dict(self.model),
                         "config": asdict(self.cfg)}, tmp / "trainer_state.pt")
         return final
+
+    def _restore_rng(self, state: dict, ckpt: Path) -> None:
+        ranks = state.get("rng_ranks")
+        if ranks is None:
+            # A checkpoint of the old layout (one ``rng`` dict: rank 0's CPU states, no CUDA state):
+            # restored on every rank, as the code that wrote it did. Bit-identical to an uninterrupted
+            # run with one process, or with LoRA dropout 0 (nothing else draws from these generators);
+            # with dropout and several processes, ranks > 0 draw other masks. (The train job's run key
+            # holds the training code's hash, so only a Trainer used directly meets such a checkpoint.)
+            set_rank_rng_state(state["rng"], self.device)
+            return
+        if len(ranks) != self.world:
+            raise RuntimeError(
+                f"{ckpt} was written by a run of {len(ranks)} process(es) but this run has {self.world}: each rank "
+                "resumes from its own RNG state and its own share of every step's problems, so a resume in another "
+                "world would train another run. Resume with the same number of processes (gpus.train of the model), "
+                f"or delete {ckpt.parent} to train from step 0")
+        set_rank_rng_state(ranks[self.rank], self.device)
 
     def resume(self) -> bool:
         from peft import set_peft_model_state_dict
@@ -296,21 +390,51 @@ class Trainer:
             set_peft_model_state_dict(self.model, state["adapter"])
             self.opt.load_state_dict(state["optimizer"])
             self.sched.load_state_dict(state["scheduler"])
-            _set_rng_state(state["rng"])
+            self._restore_rng(state, ckpt)
             self.step = int(state["step"])
             log.info("resumed from %s (step %d)", ckpt, self.step)
-        # Steps logged after the checkpoint (every step, without one) are redone: drop them from the
-        # log, and a line that a kill cut short (it has no newline yet). Rewritten atomically, so a
-        # kill here loses nothing.
-        log_path = self.work_dir / "train_log.jsonl"
-        if self.rank == 0 and log_path.exists():
-            text = log_path.read_text()
-            lines = text.splitlines()[: text.count("\n")]
-            kept = [ln for ln in lines if ln and json.loads(ln)["step"] <= self.step]
-            if kept != lines or not text.endswith("\n") and text:
-                with atomic_path(log_path) as tmp:
-                    tmp.write_text("".join(ln + "\n" for ln in kept))
+        if self.rank == 0:
+            self._clean_log(self.work_dir / "train_log.jsonl")
         return ckpt is not None
+
+    def _clean_log(self, log_path: Path) -> None:
+        """The step log as the resumed run continues it: one line per step up to the checkpoint's, in
+        step order. Rewritten atomically (a kill here loses nothing), only when that changes it.
+
+        Steps logged after the checkpoint (every step, without one) are redone: their lines are
+        dropped, and a line that a kill cut short (it has no newline yet). Two copies of one training
+        that wrote the same folder (a restarted Snakemake head beside the old Slurm job still running)
+        leave interleaved duplicate lines of a step, and a line two appends garbled (not JSON; a
+        network file system does not keep appends whole): the last line written of a step is kept.
+        Each copy writes a step's line just before it saves that step, so the copy that wrote the
+        last line of a step most likely also renamed its checkpoint into place last, and the
+        surviving checkpoint, which this run continues, is that copy's."""
+        if not log_path.exists():
+            return
+        text = log_path.read_text()
+        lines = text.splitlines()[: text.count("\n")]
+        last: dict[int, str] = {}
+        garbled = duplicates = 0
+        for ln in lines:
+            if not ln:
+                continue
+            try:
+                step = int(json.loads(ln)["step"])
+            except (ValueError, TypeError, KeyError):
+                garbled += 1
+                continue
+            duplicates += step in last
+            last[step] = ln
+        kept = [last[s] for s in sorted(last) if s <= self.step]
+        if duplicates or garbled:
+            log.warning("%s: %d duplicate step line(s) and %d unreadable line(s) dropped, the last line of each step "
+                        "kept: two copies of this training wrote its folder at once", log_path, duplicates, garbled)
+            gaps = sorted(set(range(1, self.step + 1)) - set(last))
+            if gaps:
+                log.warning("%s: no line of step(s) %s is left", log_path, ", ".join(map(str, gaps)))
+        if kept != lines or not text.endswith("\n") and text:
+            with atomic_path(log_path) as tmp:
+                tmp.write_text("".join(ln + "\n" for ln in kept))
 
     # -- one optimizer step ------------------------------------------------------------------
     def batch_indices(self, step: int) -> list[int]:
