@@ -51,6 +51,23 @@ if DIAGNOSTIC_MODEL:
 include: "workflow/rules/report.smk"
 
 
+# A run that submits to Slurm, checked before any job (a dry run too): every rule whose jobs stop on
+# notice is warned by the profile early enough to finish the piece in progress (a training step and
+# its checkpoint, a generation shard, a grading pair, ...), and an attempt at the partition's limit
+# holds that piece (pwopsd.cost.window_problems, cap_problems; docs/cluster.md, "Notice windows").
+if SLURM_PROFILE is not None and workflow.exec_mode == ExecMode.DEFAULT:
+    _rule_names = {r.name for r in workflow.rules}
+    _late = costmod.window_problems(config, SLURM_PROFILE, _rule_names)
+    if _late:
+        raise WorkflowError("a time-limit warning of the Slurm profile cannot hold the work its jobs finish on "
+                            "notice:\n  " + "\n  ".join(_late))
+    _short = costmod.cap_problems(config, profile=SLURM_PROFILE, rules=_rule_names)
+    if _short and clustermod.planning_flag(sys.argv[1:]) is None:
+        raise WorkflowError("the partition's time limit is too short:\n  " + "\n  ".join(_short))
+    for _problem in _short:
+        logger.warning(_problem)
+
+
 rule all:
     default_target: True
     input:

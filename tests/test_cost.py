@@ -142,17 +142,143 @@ def test_attempts_under_the_partition_limit_by_hand(paper):
 
 
 def test_a_limit_too_short_for_one_step_is_refused_with_the_numbers(paper):
-    from pwopsd.notice import NOTICE_GRACE_SECONDS
-
+    """An attempt at cluster.max_runtime_min must hold the start-up, one step and the train rule's
+    warning window (the profile's --signal=TERM@N, read here from the profile file itself)."""
     a = cost.ASSUMPTIONS
+    window_min = int(re.search(r"TERM@(\d+)", _profile()["set-resources"]["train"]["slurm_extra"])[1]) / 60
     job = cost.training_jobs(paper)[0]
     step = cost.train_step_seconds(job, paper, cost.model_size_b(paper, "qwen3_4b"), a) / 60
-    need = a["startup_min"] + step + NOTICE_GRACE_SECONDS / 60
-    assert cost.cap_problems({**paper, "cluster": {"max_runtime_min": 30}}) == []
-    problems = cost.cap_problems({**paper, "cluster": {"max_runtime_min": int(need) - 1}})
+    need = a["startup_min"] + step + window_min
+    assert cost.cap_problems({**paper, "cluster": {"max_runtime_min": 30}}, rules={"train"}) == []
+    problems = cost.cap_problems({**paper, "cluster": {"max_runtime_min": int(need) - 1}}, rules={"train"})
     assert len(problems) == len([j for j in cost.training_jobs(paper) if j.gpus])  # the 8B and 7B steps are longer
     assert f"cluster.max_runtime_min={int(need) - 1} is too short for training qwen3_4b/opsd" in problems[0]
-    assert f"{a['startup_min']:g} min start-up + {step:.1f} min for one step + 10 min to checkpoint on notice = {need:.1f} min" in problems[0]
+    assert (f"{a['startup_min']:g} min start-up + {step:.1f} min for one training step + {window_min:g} min notice window "
+            f"(set-resources.train.slurm_extra) = {need:.1f} min") in problems[0]
+    # every kind that stops on notice is held to its own window: a generation shard and 40 minutes
+    generate = cost.cap_problems({**paper, "cluster": {"max_runtime_min": 30}}, rules={"generate"})
+    assert generate and all("is too short for generate jobs of" in p for p in generate)
+
+
+def _profile():
+    import yaml
+
+    return yaml.safe_load((REPO / "profiles" / "slurm" / "profile.yaml").read_text())
+
+
+def _attempt_limits_from_profile(rule, cap, attempts):
+    """The limit (minutes) of attempts 1..attempts of a rule, evaluated from the profile's own text
+    as Snakemake would (the cap substituted for the environment variable)."""
+    expr = _profile()["set-resources"][rule]["runtime"].replace("$PWOPSD_MAX_RUNTIME_MIN", str(cap))
+    return [eval(expr, {"__builtins__": {"min": min}}, {"attempt": k}) for k in range(1, attempts + 1)]
+
+
+def _attempts_by_brute_force(hours, rule, cap, window_s, a):
+    """Smallest K whose first K attempts (attempt k: its own limit) hold the job's work, each attempt
+    losing its start-up and the warning window."""
+    work = hours * 60 - a["startup_min"]
+    limits = _attempt_limits_from_profile(rule, cap, 200)
+    done = 0.0
+    for k, limit in enumerate(limits, start=1):
+        done += max(0.0, limit - a["startup_min"] - window_s / 60)
+        if done >= work - 1e-9:
+            return k
+    return 0
+
+
+def test_attempts_follow_the_profiles_growing_limits_not_the_cap(paper):
+    """Attempt k gets min(base x k, cap) minutes (the profile's runtime expression), not the cap:
+    a training run longer than its first attempt needs more attempts than a count at the cap says,
+    and the train rule's retries are those attempts beyond the first plus 2 for failures."""
+    import copy
+
+    a = cost.ASSUMPTIONS
+    window_s = int(re.search(r"TERM@(\d+)", _profile()["set-resources"]["train"]["slurm_extra"])[1])
+    cap = 1000  # a partition limit between the first attempt's 720 minutes and the second's 1,440
+    cfg = copy.deepcopy(paper)
+    cfg["cluster"]["max_runtime_min"] = cap
+    cfg["training"].update(rollout_backend="hf", rollout_policy="adapter", max_completion_length=2048)
+    for steps in range(150, 2000, 25):  # the first run length at which the two counts differ
+        cfg["training"]["max_steps"] = steps
+        hours = max(cost.job_hours(j, cfg) for j in cost.training_jobs(cfg) if j.gpus)
+        expected = _attempts_by_brute_force(hours, "train", cap, window_s, a)
+        at_the_cap = -(-(hours * 60 - a["startup_min"]) // (cap - a["startup_min"] - window_s / 60))
+        if expected > at_the_cap:
+            break
+    assert expected > at_the_cap >= 1, (expected, at_the_cap)  # the case tells the two counts apart
+    assert cost.train_retries(cfg) == expected - 1 + 2
+    limits = cost.attempt_limits(_profile()["set-resources"]["train"]["runtime"], cap)
+    assert limits == _attempt_limits_from_profile("train", cap, len(limits)) and limits[-1] == cap
+    for h in (1.0, 11.0, 13.0, 20.0, 30.0, 60.0):
+        assert cost.attempts_needed(h, limits, window_s=window_s) == _attempts_by_brute_force(h, "train", cap, window_s, a), h
+    # the cost plan's rows count the same way, per rule with the rule's own base and window
+    job = cost.Job("train", {"model": "qwen3_4b", "method": "opsd"}, 4)
+    row = cost.plan([job], cfg)[0]
+    assert row["attempts"] == _attempts_by_brute_force(cost.job_hours(job, cfg), "train", cap, window_s, a)
+
+
+def test_a_job_that_does_not_resume_must_fit_one_attempt(paper):
+    """teacher_pass keeps nothing when it is stopped: it needs the first attempt long enough for all of it."""
+    limits = [90, 180, 270]
+    assert cost.attempts_needed(2.0, limits, resumes=False) == 2  # 120 minutes: the second attempt's 180
+    assert cost.attempts_needed(5.0, limits, resumes=False) == 0  # never
+    assert cost.attempts_needed(5.0, limits) > 1  # a resuming job gets there
+
+
+def test_notice_windows_by_hand(paper):
+    """The window each kind of job needs after its warning, from the assumptions by hand: the piece
+    in progress (x notice_safety), saving it, and shutting its vLLM engines down."""
+    a = cost.ASSUMPTIONS
+    need = {(w.rule, w.job): w.seconds for rule in cost.NOTICE_KINDS for w in cost.notice_work(rule, paper)}
+    # generation: 100 problems x 12 samples of the 8B model on one TP=4 engine (4 GPUs)
+    shard = 100 * 12 * 38912 * a["eval_length_fraction"]
+    decode = max(shard / (a["decode_tok_s_per_gpu_4b"] * 4 / 8 * 4), 38912 / (a["stream_tok_s_4b"] * 4 / 8))
+    assert need["generate", "dsr1_llama_8b"] == pytest.approx(a["notice_safety"] * decode + a["engine_shutdown_s"])
+    # grading: MATH-500's 500 problems x 12, two graders, four workers, Maj@12 over half as many distinct answers
+    per_grader = 500 * 12 * a["grade_s"] / 4 + 500 * min(120, 6 ** 2 * a["grade_s"] / 4)
+    assert need["grade", "the largest benchmark"] == pytest.approx(a["notice_safety"] * 2 * per_grader)
+    # training: one step, its checkpoint, one colocated engine per rank (stopped side by side)
+    step = cost.train_step_seconds(cost.Job("train", {"model": "qwen3_4b", "method": "opsd"}, 4), paper, 4.0, a)
+    assert need["train", "qwen3_4b/opsd"] == pytest.approx(a["notice_safety"] * (step + a["checkpoint_s"])
+                                                          + a["engine_shutdown_s"])
+    # diagnostic shards of Qwen3-4B: 50 greedy spines; 100 forced requests x 6 rollouts
+    spines = max(50 * 16384 * a["spine_length_fraction"] / (a["decode_tok_s_per_gpu_4b"] * 4), 16384 / a["stream_tok_s_4b"])
+    assert need["spines", "qwen3_4b"] == pytest.approx(a["notice_safety"] * spines + a["engine_shutdown_s"])
+    forced = max(600 * 32768 * a["forced_length_fraction"] / (a["decode_tok_s_per_gpu_4b"] * 4),
+                 (32768 - 16384 * a["spine_length_fraction"]) / a["stream_tok_s_4b"])
+    assert need["forced_continuation", "qwen3_4b"] == pytest.approx(a["notice_safety"] * forced + a["engine_shutdown_s"])
+    # one engine per GPU instead: four engines, stopped one after the other
+    dp = cost.data_parallel_layout(paper)
+    assert cost.notice_work("generate", dp)[0].shutdown_s == 4 * a["engine_shutdown_s"]
+
+
+def test_window_pieces_are_the_pieces_the_jobs_save():
+    """The shard sizes priced are the defaults of the functions that shard the work, and no job
+    script passes another."""
+    import inspect
+
+    from pwopsd.generation.sampling import generate_resumable
+
+    for script in (REPO / "workflow" / "scripts").glob("*.py"):
+        assert "shard_size" not in script.read_text(), script.name
+    sizes = cost.shard_sizes()
+    assert sizes["forced_continuation"] == inspect.signature(generate_resumable).parameters["shard_size"].default
+
+    class Recording:  # a backend that records how many requests each call gets
+        calls = []
+
+        def generate(self, requests):
+            self.calls.append(len(requests))
+            return [[] for _ in requests]
+
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        backend = Recording()
+        generate_resumable(backend, [object()] * (sizes["forced_continuation"] + 3), [{}] * (sizes["forced_continuation"] + 3),
+                           partial=Path(tmp) / "p")
+    assert backend.calls == [sizes["forced_continuation"], 3]
 
 
 def test_a_generate_job_that_samples_every_seed_costs_them_all(paper):

@@ -547,8 +547,9 @@ def test_a_restarted_job_says_so_from_its_environment_or_from_scontrol():
 
 def test_training_jobs_are_warned_before_their_limit_requeued_and_retried_as_the_cost_plan_says(tmp_path):
     """The profile asks Slurm for SIGTERM ten minutes before a training job's limit (a notice that
-    pwopsd.notice turns into a checkpoint) and for --requeue; the train rule's retries are
-    the cost plan's attempts under cluster.max_runtime_min, and a limit too short is refused."""
+    pwopsd.notice turns into a checkpoint), the job learns that window (resource notice_window_s,
+    torchrun's shutdown timeout) and asks for --requeue; the train rule's retries are the cost
+    plan's attempts under the profile's limits, and a limit too short is refused."""
     from pwopsd.notice import NOTICE_GRACE_SECONDS
 
     prof = profile()
@@ -560,7 +561,9 @@ def test_training_jobs_are_warned_before_their_limit_requeued_and_retried_as_the
     cfg_path.write_text(cfg_path.read_text().replace("max_runtime_min: 2880", "max_runtime_min: 120"))
     proc = run_snakemake(["-n", "--profile", str(filled_profile(tmp_path)), "--directory", str(work),
                           "results/training/qwen3_4b/opsd/adapter"])
-    assert re.search(r"rule train:(?:\n    [^\n]*)*?\n    resources: [^\n]*slurm_extra=--signal=TERM@600", proc.stdout + proc.stderr)
+    train = re.search(r"rule train:(?:\n    [^\n]*)*?\n    resources: ([^\n]*)", proc.stdout + proc.stderr)[1]
+    assert "slurm_extra=--signal=TERM@600" in train
+    assert "notice_window_s=600," in train  # torchrun's --shutdown-timeout in the job: the same window
     cfg_path.write_text(cfg_path.read_text().replace("max_runtime_min: 120", "max_runtime_min: 12"))
     proc = run_snakemake(["--profile", str(filled_profile(tmp_path / "p2")), "--directory", str(work),
                           "results/training/qwen3_4b/opsd/adapter"], check=False)
@@ -569,3 +572,124 @@ def test_training_jobs_are_warned_before_their_limit_requeued_and_retried_as_the
     assert "cluster.max_runtime_min=12 is too short for training qwen3_4b/opsd" in out
     assert not (work / "results").exists()
 
+
+
+# Time-limit warnings of the jobs that stop on notice (docs/cluster.md, "Notice windows").
+
+
+def _rules_that_stop_on_notice():
+    """Rules whose script stops on notice (it uses pwopsd.notice's exit_on_notice), read from the
+    workflow's own files: each rule's `script:`, and the rules made from them with `use rule ... as`."""
+    scripts = {p.name for p in (REPO / "workflow" / "scripts").glob("*.py") if "exit_on_notice" in p.read_text()}
+    rules, copies = {}, []
+    for smk in (REPO / "workflow" / "rules").glob("*.smk"):
+        text = smk.read_text()
+        for block in re.split(r"\n(?=rule \w+:)", text):
+            name = re.match(r"rule (\w+):", block)
+            script = re.search(r'^\s+script:\s*\n\s+"\.\./scripts/([\w.]+)"', block, re.M)
+            if name and script:
+                rules[name[1]] = script[1]
+        copies += re.findall(r"use rule (\w+) as (\w+) with:", text)
+    for source, copy in copies:
+        if source in rules:
+            rules[copy] = rules[source]
+    return {rule for rule, script in rules.items() if script in scripts}
+
+
+def test_every_rule_that_stops_on_notice_is_warned_by_its_profile_entry_with_room_for_its_work():
+    """Each rule whose jobs stop on notice asks Slurm for SIGTERM to the job step (`'--signal=TERM@N'`,
+    quoted as the profile writes slurm_extra) N seconds before its limit, N at least what its longest
+    paper job needs (the cost model's figure); no other rule is warned (it would only end early)."""
+    from pwopsd import cost
+    from pwopsd.config import load_config
+
+    stopping = _rules_that_stop_on_notice()
+    assert {"train", "generate", "grade", "spines", "forced_continuation"} <= stopping
+    assert stopping == set(cost.NOTICE_KINDS), stopping ^ set(cost.NOTICE_KINDS)  # the window check covers them all
+    paper = load_config(REPO / "config" / "config.yaml")
+    resources = profile()["set-resources"]
+    for rule in stopping:
+        extra = resources[rule]["slurm_extra"]
+        found = re.fullmatch(r"'--signal=TERM@(\d+)'", extra)
+        assert found, (rule, extra)
+        need = cost.needed_window(rule, paper)
+        assert int(found[1]) >= need.seconds, (rule, int(found[1]), need.explain())
+    for rule, res in resources.items():
+        if rule not in stopping:
+            assert "--signal" not in str(res.get("slurm_extra", "")), rule
+    # the sweep-step copies ask for what their rules ask for
+    assert resources["generate_sweep_step"] == resources["generate"] and resources["grade_sweep_step"] == resources["grade"]
+
+
+def _with_extra(tmp_path, changes):
+    """A filled-in profile with the slurm_extra of some rules replaced (None: removed)."""
+    d = filled_profile(tmp_path)
+    prof = yaml.safe_load((d / "profile.yaml").read_text())
+    for rule, extra in changes.items():
+        prof["set-resources"][rule] = {**prof["set-resources"][rule]}
+        if extra is None:
+            prof["set-resources"][rule].pop("slurm_extra")
+        else:
+            prof["set-resources"][rule]["slurm_extra"] = extra
+    (d / "profile.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
+    return d
+
+
+def test_a_warning_that_cannot_hold_its_work_is_refused_at_start_naming_the_setting(tmp_path):
+    """Shrunk in the profile, given on the command line (--set-resources: what sbatch would get), or
+    outgrown by a longer training.max_completion_length: the dry run stops before any job, naming
+    the rule's set-resources.<rule>.slurm_extra and the seconds it needs; a run submits nothing."""
+    work = tmp_path / "work"
+    shutil.copytree(REPO / "config", work / "config")
+    shrunk = _with_extra(tmp_path / "p1", {"generate": "'--signal=TERM@60'"})
+    proc = run_snakemake(["-n", "--profile", str(shrunk), "--directory", str(work), "results/tables/main_4b.tex"], check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Job stats" not in out, out[-3000:]
+    found = re.search(r"set-resources\.generate\.slurm_extra warns generate jobs 60 s before their time limit, too short "
+                      r"for \w+: one generation shard .* raise N in '--signal=TERM@N' to at least (\d+)", out)
+    assert found and int(found[1]) > 60, out[-3000:]
+    proc = run_snakemake(["--profile", str(shrunk), "--directory", str(work), "results/tables/main_4b.tex"], check=False)
+    assert proc.returncode != 0 and "set-resources.generate.slurm_extra warns" in proc.stdout + proc.stderr
+    assert not (work / "results").exists() and not (work / "logs").exists()
+    # what the command line's --set-resources gives is what sbatch gets, and is checked too (it replaces the
+    # profile's set-resources as a whole: the train rule's warning goes with them)
+    proc = run_snakemake(["-n", "results/tables/main_4b.tex", "--profile", str(filled_profile(tmp_path / "p2")),
+                          "--directory", str(work), "--set-resources", "grade:slurm_extra='--signal=TERM@30'"], check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "set-resources.grade.slurm_extra warns grade jobs 30 s" in out, out[-3000:]
+    assert "set-resources.train.slurm_extra asks for no warning" in out
+    # longer rollouts: the longest alone, decoded at one engine's single-stream speed on the 8B model, outlasts 600 s
+    from pwopsd.cost import ASSUMPTIONS as a
+
+    length = 16384
+    longest = length / (a["stream_tok_s_4b"] * 4 / 8 * a["stream_gain_tp1"])
+    window = int(re.search(r"TERM@(\d+)", profile()["set-resources"]["train"]["slurm_extra"])[1])
+    assert a["notice_safety"] * longest > window
+    overlay = tmp_path / "long_rollouts.yaml"
+    overlay.write_text(yaml.safe_dump({"training": {"max_completion_length": length}}))
+    proc = run_snakemake(["-n", "results/tables/main_4b.tex", "--profile", str(filled_profile(tmp_path / "p3")),
+                          "--directory", str(work), "--configfile", "config/config.yaml", str(overlay)], check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert re.search(rf"set-resources\.train\.slurm_extra warns train jobs {window} s before their time limit, too short "
+                     r"for dsr1_llama_8b/\w+: one training step", out), out[-3000:]
+
+
+def test_a_warning_missing_or_of_another_signal_is_refused_naming_the_setting(tmp_path):
+    """No warning for a rule that stops on notice (it would lose its piece in progress at the kill),
+    SIGUSR1 (the job step's Snakemake dies of it) or `B:` (only the batch shell hears it)."""
+    from pwopsd.cluster import Profile
+    from pwopsd.config import load_config
+    from pwopsd.cost import window_problems
+
+    paper = load_config(REPO / "config" / "config.yaml")
+    changes = {"spines": None, "forced_continuation": "'--signal=USR1@900'", "grade": "'--signal=B:TERM@2400'"}
+    prof = Profile.from_file(_with_extra(tmp_path, changes) / "profile.yaml")
+    problems = window_problems(paper, prof)
+    assert len(problems) == 3, problems
+    assert any("set-resources.spines.slurm_extra asks for no warning" in p for p in problems)
+    assert any("set-resources.forced_continuation.slurm_extra asks for --signal=USR1@900" in p for p in problems)
+    assert any("set-resources.grade.slurm_extra asks for --signal=B:TERM@2400" in p for p in problems)
+    assert window_problems(paper, Profile.from_file()) == []  # the profile as shipped
+    # the check covers the rules the workflow has: without the diagnostic, spines is not asked about
+    assert len(window_problems(paper, prof, rules={"train", "generate", "grade"})) == 1

@@ -8,11 +8,19 @@ before any job starts (rules use nothing from here).
   ...), for which those values are a warning and the plan is shown.
 * :func:`export_max_runtime`: the partition's maximum runtime, which caps every runtime expression in
   the profile (``min(... * attempt, $PWOPSD_MAX_RUNTIME_MIN)``), from ``cluster.max_runtime_min``.
+* :class:`Profile`: what the profile gives each rule's jobs (:meth:`Profile.limits`: the time limit of
+  every attempt, :func:`runtime_minutes`, and the warning before it, :func:`slurm_warning`), which
+  :mod:`pwopsd.cost` checks against the work a job finishes on notice.
 """
 
 from __future__ import annotations
 
+import ast
 import os
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 PROFILE = "profiles/slurm/profile.yaml"
@@ -111,3 +119,124 @@ def _show_job(jobid: str) -> str | None:
                               timeout=20).stdout
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+# ---------------------------------------------------------------------------------------------
+# What the profile gives each rule's jobs: the time limit of every attempt and the warning before it.
+# Read from Snakemake's own resource settings at parse time (the profile's `default-resources` and
+# `set-resources`, or a command line's `--set-resources`, which replaces the latter: what sbatch gets), or
+# from the profile file (the cost plan, tests).
+
+# The warning signal the notice handling expects: SIGTERM reaches the job step, where Snakemake's
+# inner process waits for its job (SIGUSR1 kills that process at once: docs/cluster.md).
+WARNING_SIGNAL = "TERM"
+
+# `--signal=[{R|B}:]<sig>[@<seconds>]` (sbatch; without @ Slurm warns 60 s before the limit).
+_SIGNAL_FLAG = re.compile(r"--signal[= ](?P<flags>(?:[A-Za-z]:)*)(?P<sig>\w+)(?:@(?P<seconds>\d+))?")
+
+
+@dataclass(frozen=True)
+class SlurmWarning:
+    """A job's warning before its time limit, as asked for with sbatch's ``--signal``."""
+
+    signal: str        # without "SIG": TERM, USR1, ...
+    seconds: int       # before the time limit
+    batch_only: bool   # `B:`: only the batch shell hears it, not the job step where the job's processes run
+
+
+def setting_text(value: Any) -> str:
+    """A profile value as written (Snakemake keeps an expression's text as ``raw``)."""
+    return str(getattr(value, "raw", value)).strip()
+
+
+def slurm_extra_text(value: Any) -> str:
+    """What sbatch gets from a ``slurm_extra`` value: the profile writes it as a quoted Python string
+    (``'--signal=TERM@600'``, so that the flag's ``=`` is not read as a resource assignment), which
+    Snakemake evaluates to the string."""
+    text = setting_text(value)
+    try:
+        evaluated = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+    return evaluated if isinstance(evaluated, str) else text
+
+
+def slurm_warning(slurm_extra: Any) -> SlurmWarning | None:
+    """The ``--signal`` of a rule's ``slurm_extra``, or None when it asks for no warning."""
+    found = _SIGNAL_FLAG.search(slurm_extra_text(slurm_extra) if slurm_extra is not None else "")
+    if not found:
+        return None
+    sig = found["sig"].upper()
+    if sig.isdigit():
+        sig = signal.Signals(int(sig)).name
+    return SlurmWarning(signal=sig.removeprefix("SIG"), seconds=int(found["seconds"] or 60),
+                        batch_only="B" in found["flags"].upper().split(":"))
+
+
+def runtime_minutes(runtime: Any, attempt: int, max_runtime: float) -> float:
+    """Minutes of a profile runtime (a number, or an expression of ``attempt`` such as
+    ``min(720 * attempt, $PWOPSD_MAX_RUNTIME_MIN)``) at ``attempt``, evaluated as Snakemake does
+    (environment variables expanded, then Python), with ``$PWOPSD_MAX_RUNTIME_MIN`` = ``max_runtime``.
+    Raises ValueError for an expression that needs more than ``attempt`` (the job's input, ...)."""
+    cap = str(int(max_runtime)) if max_runtime < 10**12 else str(10**12)  # no cap: a limit no job reaches
+    text = setting_text(runtime).replace(f"${{{MAX_RUNTIME_ENV}}}", cap).replace(f"${MAX_RUNTIME_ENV}", cap)
+    try:
+        value = eval(os.path.expandvars(text), {"__builtins__": {"min": min, "max": max, "int": int, "round": round}},
+                     {"attempt": attempt})
+        return float(value)
+    except Exception as exc:  # noqa: BLE001 - reported with the setting by the caller
+        raise ValueError(f"cannot read {setting_text(runtime)!r} as minutes of `attempt` ({exc})") from None
+
+
+@dataclass(frozen=True)
+class RuleLimits:
+    """What the profile gives one rule's jobs: the runtime expression (minutes, of ``attempt``), the
+    warning before the limit, and where both are set (named in messages)."""
+
+    rule: str
+    runtime: Any
+    runtime_key: str
+    warning: SlurmWarning | None
+    slurm_extra_key: str
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The resources a Slurm profile sets: ``defaults`` (``default-resources``) and ``per_rule``
+    (``set-resources``), values as written."""
+
+    defaults: Mapping[str, Any]
+    per_rule: Mapping[str, Mapping[str, Any]]
+    source: str = PROFILE
+
+    @classmethod
+    def from_settings(cls, resource_settings, argv: list[str] | None = None) -> "Profile":
+        """From Snakemake's resource settings while the Snakefile is read (``workflow.resource_settings``):
+        the profile's values, or those of the command line (``argv``), as sbatch will get them. A
+        command line's ``--set-resources`` replaces the profile's ``set-resources`` as a whole
+        (Snakemake 9.27: the profile's partitions and warnings are then gone), so messages name it."""
+        per_rule = {rule: dict(res) for rule, res in dict(resource_settings.overwrite_resources or {}).items()}
+        source = f"{PROFILE} or --set-resources" if "--set-resources" in (argv or []) else PROFILE
+        return cls(resource_args(resource_settings.default_resources), per_rule, source=source)
+
+    @classmethod
+    def from_file(cls, path: str | Path | None = None) -> "Profile":
+        """From a profile file (default: this repository's Slurm profile)."""
+        import yaml
+
+        ours = Path(__file__).resolve().parents[2] / PROFILE
+        path = Path(path) if path is not None else ours
+        data = yaml.safe_load(path.read_text()) or {}
+        return cls(dict(data.get("default-resources") or {}),
+                   {rule: dict(res or {}) for rule, res in (data.get("set-resources") or {}).items()},
+                   source=PROFILE if path.resolve() == ours.resolve() else str(path))
+
+    def limits(self, rule: str) -> RuleLimits:
+        """The runtime and warning of ``rule``'s jobs (its set-resources entry, else the defaults)."""
+        own = self.per_rule.get(rule, {})
+        runtime_key = f"set-resources.{rule}.runtime" if "runtime" in own else "default-resources.runtime"
+        runtime = own.get("runtime", self.defaults.get("runtime"))
+        extra = own.get("slurm_extra", self.defaults.get("slurm_extra"))
+        extra_key = f"set-resources.{rule}.slurm_extra" if "slurm_extra" in own or "slurm_extra" not in self.defaults \
+            else "default-resources.slurm_extra"
+        return RuleLimits(rule, runtime, runtime_key, slurm_warning(extra), extra_key)

@@ -19,7 +19,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pwopsd.cluster import PROFILE, WARNING_SIGNAL, Profile, RuleLimits, runtime_minutes
 from pwopsd.config import checkpoint_seed_names, diagnostic_settings, load_config, load_config_files, training_config
+from pwopsd.notice import NOTICE_GRACE_SECONDS
 
 # Throughput and length assumptions (H100 80GB, bf16). Throughputs scale with 1 / model size.
 ASSUMPTIONS = {
@@ -54,6 +56,19 @@ ASSUMPTIONS = {
     "train_prompt_tokens": 600.0,
     # Model loading / engine start per job, minutes.
     "startup_min": 5.0,
+    # Grading (CPU): mean wall seconds of one math-verify comparison on one worker (parse + verify of
+    # a prediction against a gold or another prediction), and the distinct formatted predictions of a
+    # problem as a fraction of N (Maj@N clustering compares every ordered pair of them).
+    "grade_s": 0.1,
+    "maj_distinct_fraction": 0.5,
+    # Writing a training checkpoint (LoRA adapter, AdamW moments, RNG and scheduler states), seconds.
+    "checkpoint_s": 60.0,
+    # Shutting one vLLM engine down: a data-parallel rank's join timeout (generation/vllm_backend.py,
+    # _EngineProcess.stop); a job's ranks are stopped one after the other, seconds.
+    "engine_shutdown_s": 60.0,
+    # A time-limit warning must hold this many times the estimated work of the piece in progress
+    # (the estimates are planning figures, not measurements); engine shutdowns are bounds, added as is.
+    "notice_safety": 1.5,
 }
 
 
@@ -210,16 +225,19 @@ def job_hours(job: Job, cfg: dict, a: dict = ASSUMPTIONS) -> float:
     return a["startup_min"] / 60.0 + GPU_HOURS[job.rule](job, cfg, size, a)
 
 
-def plan(jobs: list[Job], cfg: dict, a: dict = ASSUMPTIONS) -> list[dict]:
-    """Per rule: jobs, GPUs a job, hours, GPU-hours, and the attempts its longest job needs under
-    ``cluster.max_runtime_min`` (a job that stops at the limit resumes in the next attempt)."""
-    cap = float(cfg.get("cluster", {}).get("max_runtime_min", math.inf))
+def plan(jobs: list[Job], cfg: dict, a: dict = ASSUMPTIONS, profile: Profile | None = None) -> list[dict]:
+    """Per rule: jobs, GPUs a job, hours, GPU-hours, and the attempts its longest job needs under the
+    profile's time limits (``profile``, default this repository's Slurm profile): attempt k gets the
+    rule's runtime at k, capped at ``cluster.max_runtime_min``; a job that stops on notice resumes in
+    the next attempt (:data:`NOTICE_KINDS`), any other job must fit one attempt."""
+    profile = profile or Profile.from_file()
+    cap = max_runtime(cfg)
     rows: dict[str, dict] = {}
     for job in jobs:
         h = job_hours(job, cfg, a)
         row = rows.setdefault(job.rule, {"rule": job.rule, "jobs": 0, "gpus": set(), "hours": 0.0, "gpu_hours": 0.0,
                                          "attempts": 1})
-        row["attempts"] = max(row["attempts"], attempts_needed(h, cap, a))
+        row["attempts"] = max(row["attempts"], rule_attempts(h, job.rule, profile, cap, a))
         row["jobs"] += 1
         row["gpus"].add(job.gpus)
         row["hours"] += h
@@ -227,23 +245,73 @@ def plan(jobs: list[Job], cfg: dict, a: dict = ASSUMPTIONS) -> list[dict]:
     return sorted(rows.values(), key=lambda r: (-r["gpu_hours"], r["rule"]))
 
 
-def usable_minutes(cap_min: float, a: dict = ASSUMPTIONS) -> float:
-    """Minutes of work an attempt capped at ``cap_min`` does: less its start-up and the notice
-    window before the limit, in which it finishes its step and writes the checkpoint
-    (:data:`pwopsd.notice.NOTICE_GRACE_SECONDS`)."""
-    from pwopsd.notice import NOTICE_GRACE_SECONDS
-
-    return cap_min - a["startup_min"] - NOTICE_GRACE_SECONDS / 60.0
+def max_runtime(cfg: dict) -> float:
+    """The partition's time limit in minutes (``cluster.max_runtime_min``; none: unlimited)."""
+    return float(cfg.get("cluster", {}).get("max_runtime_min", math.inf))
 
 
-def attempts_needed(hours: float, cap_min: float, a: dict = ASSUMPTIONS) -> int:
-    """Attempts (submissions, each resuming from the last checkpoint) that a job of ``hours``
-    (start-up included) needs when Slurm stops each attempt at ``cap_min`` minutes."""
+# ---------------------------------------------------------------------------------------------
+# Attempts: Slurm stops each attempt at its time limit, which the profile writes as an expression of
+# `attempt` (min(base * attempt, cap)); a job that stops on notice does its limit less its start-up
+# and its warning window of work, and the next attempt resumes.
+
+
+def attempt_limits(runtime, cap_min: float, most: int = 64) -> list[float]:
+    """Minutes of attempts 1, 2, ... of a profile ``runtime`` (a number or an expression of
+    ``attempt``) under ``cap_min``, up to the first that reaches the cap or stops growing: every
+    later attempt gets the last one's limit."""
+    if runtime is None:  # no runtime in the profile: the partition's limit
+        return [cap_min]
+    limits = []
+    for attempt in range(1, most + 1):
+        limits.append(min(runtime_minutes(runtime, attempt, cap_min), cap_min))
+        if limits[-1] >= cap_min or (len(limits) > 1 and limits[-1] <= limits[-2]):
+            break
+    return limits
+
+
+def usable_minutes(limit_min: float, a: dict = ASSUMPTIONS, window_s: float = NOTICE_GRACE_SECONDS) -> float:
+    """Minutes of work an attempt limited to ``limit_min`` does: less its start-up and the warning
+    window before the limit (``window_s``), in which it finishes its piece in progress and saves it."""
+    return limit_min - a["startup_min"] - window_s / 60.0
+
+
+def attempts_needed(hours: float, limits, a: dict = ASSUMPTIONS, window_s: float = NOTICE_GRACE_SECONDS,
+                    resumes: bool = True) -> int:
+    """Attempts (submissions) that a job of ``hours`` (start-up included) needs when attempt k is
+    stopped at ``limits[k - 1]`` minutes (the last entry holds for every later attempt; a number:
+    every attempt's limit). A job that ``resumes`` carries each attempt's work over (warned
+    ``window_s`` before the limit); any other job must fit one attempt. 0: never."""
+    limits = [float(limits)] if isinstance(limits, (int, float)) else [float(x) for x in limits]
     work = max(0.0, hours * 60.0 - a["startup_min"])
-    usable = usable_minutes(cap_min, a)
-    if usable <= 0:
+    done = 0.0
+    for attempt, limit in enumerate(limits, start=1):
+        if not resumes:
+            if hours * 60.0 <= limit + 1e-9:
+                return attempt
+            continue
+        done += max(0.0, usable_minutes(limit, a, window_s))
+        if done >= work - 1e-9:
+            return attempt
+    usable = usable_minutes(limits[-1], a, window_s)
+    if not resumes or usable <= 0:
         return 0  # never: cap_problems says why
-    return max(1, math.ceil(work / usable - 1e-9))
+    return len(limits) + max(1, math.ceil((work - done) / usable - 1e-9))
+
+
+def warning_seconds(limits: RuleLimits) -> float:
+    """Seconds of a rule's warning window (0: none: the job hears of its limit only when it is reached)."""
+    return float(limits.warning.seconds) if limits.warning else 0.0
+
+
+def rule_attempts(hours: float, rule: str, profile: Profile, cap_min: float, a: dict = ASSUMPTIONS) -> int:
+    """Attempts a job of ``rule`` lasting ``hours`` needs under ``profile``'s limits for the rule."""
+    limits = profile.limits(rule)
+    try:
+        per_attempt = attempt_limits(limits.runtime, cap_min)
+    except ValueError as exc:
+        raise ValueError(f"{profile.source}: {limits.runtime_key}: {exc}") from None
+    return attempts_needed(hours, per_attempt, a, warning_seconds(limits), resumes=rule in NOTICE_KINDS)
 
 
 def training_jobs(cfg: dict) -> list[Job]:
@@ -254,40 +322,251 @@ def training_jobs(cfg: dict) -> list[Job]:
             for model, run in training_runs(cfg)]
 
 
-def cap_problems(cfg: dict, a: dict = ASSUMPTIONS) -> list[str]:
-    """Training runs that cannot progress under ``cluster.max_runtime_min``: an attempt must hold
-    the start-up, one step and the notice window. One message per run, with the numbers."""
-    from pwopsd.notice import NOTICE_GRACE_SECONDS
+def train_retries(cfg: dict, a: dict = ASSUMPTIONS, failures: int = 2, profile: Profile | None = None) -> int:
+    """The train rule's retries on a cluster: the attempts its longest run needs under the profile's
+    limits for the rule (attempt k: ``min(base * k, cluster.max_runtime_min)``; each resumes from
+    the checkpoint the previous one wrote on notice), beyond the first, plus ``failures`` for
+    crashes, node failures and memory kills."""
+    profile = profile or Profile.from_file()
+    cap = max_runtime(cfg)
+    needed = [rule_attempts(job_hours(job, cfg, a), "train", profile, cap, a) for job in training_jobs(cfg) if job.gpus]
+    return max(needed, default=1) - 1 + failures
 
-    cap = float(cfg["cluster"]["max_runtime_min"])
-    problems = []
-    for job in training_jobs(cfg):
-        if job.gpus == 0:
+
+# ---------------------------------------------------------------------------------------------
+# Notice windows: a job of these rules stops on notice (pwopsd.notice): it finishes the piece in
+# progress, saves it, shuts its engines down and exits 75; Slurm's warning (--signal=TERM@N in the
+# rule's slurm_extra) must come early enough for that, or the piece is lost at the kill (SIGKILL
+# KillWait, 30 s by default, after the limit's SIGTERM).
+
+# Rule -> job kind; the kind decides the piece a job finishes after the warning.
+NOTICE_KINDS = {"train": "train", "generate": "generate", "generate_sweep_step": "generate", "grade": "grade",
+                "grade_sweep_step": "grade", "spines": "spines", "forced_continuation": "forced_continuation"}
+
+
+def shard_sizes() -> dict[str, int]:
+    """Requests a resumable job saves at once, read from the functions that shard them (the jobs use
+    their defaults): a generation shard (problems of a benchmark), a spine shard, a forced-continuation
+    shard ((candidate, child) requests)."""
+    import inspect
+
+    from pwopsd.diagnostic.phases import run_spines
+    from pwopsd.generation.sampling import generate_resumable, sample_benchmark
+
+    def default(fn):
+        return int(inspect.signature(fn).parameters["shard_size"].default)
+
+    return {"generate": default(sample_benchmark), "spines": default(run_spines),
+            "forced_continuation": default(generate_resumable)}
+
+
+@dataclass(frozen=True)
+class NoticeWork:
+    """What a job finishes after the warning: its piece in progress (``piece_s``), saving it
+    (``save_s``), then its engines' shutdown (``shutdown_s``); :attr:`seconds` is the window it needs."""
+
+    rule: str
+    job: str       # which job: model, or model/run
+    piece: str     # what the piece is
+    piece_s: float
+    save_s: float
+    shutdown_s: float
+    safety: float
+
+    @property
+    def seconds(self) -> float:
+        return self.safety * (self.piece_s + self.save_s) + self.shutdown_s
+
+    def explain(self) -> str:
+        save = f" + {self.save_s:.0f} s to save it" if self.save_s else ""
+        shutdown = f" + {self.shutdown_s:.0f} s engine shutdown" if self.shutdown_s else ""
+        return (f"{self.piece} {self.piece_s:.0f} s{save}, x{self.safety:g} (notice_safety){shutdown} = "
+                f"{self.ceil_seconds} s")
+
+    @property
+    def ceil_seconds(self) -> int:
+        return math.ceil(self.seconds - 1e-6)
+
+
+def _rows(bench: dict, unknown: float) -> float:
+    """A benchmark's problems (``expected_rows``, a generated benchmark's ``source.n``, else
+    ``unknown``; ``first_rows`` when a smoke run keeps fewer)."""
+    rows = bench.get("expected_rows") or (bench.get("source") or {}).get("n") or unknown
+    return min(rows, bench.get("first_rows") or math.inf)
+
+
+def _engines(cfg: dict, model: str) -> int:
+    """vLLM engines a generation job of ``model`` shuts down (0 with the hf backend)."""
+    if cfg["evaluation"].get("backend") != "vllm":
+        return 0
+    return max(1, int(cfg["models"][model].get("vllm", {}).get("data_parallel_size", 1) or 1))
+
+
+def generation_shard_seconds(job: Job, cfg: dict, size: float, a: dict, shard: int) -> tuple[float, str]:
+    ev = cfg["evaluation"]
+    problems = min(shard, max(_rows(b, shard) for b in cfg["benchmarks"].values()))
+    tokens = problems * ev["n"] * ev["max_new_tokens"] * a["eval_length_fraction"]
+    seconds = _decode_hours(tokens, ev["max_new_tokens"], size, job.gpus, a, tp=_vllm_tp(cfg, job)) * 3600.0
+    return seconds, f"one generation shard ({problems:g} problems x {ev['n']} samples <= {ev['max_new_tokens']} tokens)"
+
+
+def spine_shard_seconds(job: Job, cfg: dict, size: float, a: dict, shard: int) -> tuple[float, str]:
+    d, problems, spine, _ = _diagnostic_sizes(job, cfg, size, a)
+    n = min(shard, problems)
+    seconds = _decode_hours(n * spine, d["spine"]["max_new_tokens"], size, job.gpus, a, tp=_vllm_tp(cfg, job)) * 3600.0
+    return seconds, f"one spine shard ({n} spines <= {d['spine']['max_new_tokens']} tokens)"
+
+
+def forced_shard_seconds(job: Job, cfg: dict, size: float, a: dict, shard: int) -> tuple[float, str]:
+    d, problems, spine, _ = _diagnostic_sizes(job, cfg, size, a)
+    fc = d["forced_continuation"]
+    n = min(shard, problems * d["candidates"]["max_per_problem"] * d["candidates"]["children"])
+    tokens = n * fc["n"] * fc["max_model_len"] * a["forced_length_fraction"]
+    seconds = _decode_hours(tokens, fc["max_model_len"] - spine, size, job.gpus, a, tp=_vllm_tp(cfg, job)) * 3600.0
+    return seconds, f"one forced-continuation shard ({n} requests x {fc['n']} rollouts)"
+
+
+def grading_pair_seconds(cfg: dict, a: dict) -> tuple[float, str]:
+    """One benchmark-seed pair of the largest benchmark, graded by every grader: a comparison per
+    sample with its gold, and each problem's Maj@N clustering (every ordered pair of its distinct
+    predictions, at most ``grading.maj_budget`` seconds a problem), on ``grading.workers`` workers."""
+    ev, gr = cfg["evaluation"], cfg["grading"]
+    problems = max(_rows(b, 0) for b in cfg["benchmarks"].values())
+    workers, n, graders = int(gr["workers"]), int(ev["n"]), len(gr["graders"])
+    distinct = max(1.0, a["maj_distinct_fraction"] * n)
+    maj = min(float(gr["maj_budget"]), distinct ** 2 * a["grade_s"] / workers)
+    seconds = graders * problems * (n * a["grade_s"] / workers + maj)
+    return seconds, f"one grading pair ({problems:g} problems x {n} samples, {graders} graders, {workers} workers)"
+
+
+def notice_work(rule: str, cfg: dict, a: dict = ASSUMPTIONS) -> list[NoticeWork]:
+    """What each job of ``rule`` (a key of :data:`NOTICE_KINDS`) finishes after the warning, one
+    entry per model (training: per run); GPU jobs of a model with no GPUs or built by the workflow
+    (the tiny CPU model: no H100 figures) are left out. A hub model with no size is an error
+    (SystemExit, as in the cost plan)."""
+    from pwopsd.config import diagnostic_models, eval_models, training_runs
+
+    kind = NOTICE_KINDS[rule]
+    safety = a["notice_safety"]
+    if kind == "grade":
+        seconds, piece = grading_pair_seconds(cfg, a)
+        return [NoticeWork(rule, "the largest benchmark", piece, seconds, 0.0, 0.0, safety)]
+    if kind == "train":
+        jobs = training_jobs(cfg)
+    else:
+        models = diagnostic_models(cfg) if kind in ("spines", "forced_continuation") else \
+            list(dict.fromkeys([*eval_models(cfg), *(m for m, _ in training_runs(cfg))]))
+        jobs = [Job(rule, {"model": m, "checkpoint": "base"}, int(cfg["models"][m]["gpus"]["generate"])) for m in models]
+    out = []
+    shard = None if kind == "train" else shard_sizes()[kind]
+    for job in jobs:
+        model = job.wildcards["model"]
+        if job.gpus == 0 or "built_by" in cfg["models"][model]:
             continue
-        step = train_step_seconds(job, cfg, model_size_b(cfg, job.wildcards["model"]), a) / 60.0
-        if usable_minutes(cap, a) < step:
-            notice = NOTICE_GRACE_SECONDS / 60.0
-            problems.append(f"cluster.max_runtime_min={cap:g} is too short for training {job.wildcards['model']}/"
-                            f"{job.wildcards['method']}: an attempt needs {a['startup_min']:g} min start-up + "
-                            f"{step:.1f} min for one step + {notice:g} min to checkpoint on notice = "
-                            f"{a['startup_min'] + step + notice:.1f} min")
+        size = model_size_b(cfg, model)
+        if kind == "train":
+            tr = training_config(cfg, model, job.wildcards["method"])
+            engines = 1 if tr["rollout_backend"] == "vllm" else 0  # one per rank, stopped side by side
+            out.append(NoticeWork(rule, f"{model}/{job.wildcards['method']}", "one training step",
+                                  train_step_seconds(job, cfg, size, a), a["checkpoint_s"],
+                                  engines * a["engine_shutdown_s"], safety))
+            continue
+        piece_of = {"generate": generation_shard_seconds, "spines": spine_shard_seconds,
+                    "forced_continuation": forced_shard_seconds}[kind]
+        seconds, piece = piece_of(job, cfg, size, a, shard)
+        out.append(NoticeWork(rule, model, piece, seconds, 0.0, _engines(cfg, model) * a["engine_shutdown_s"], safety))
+    return out
+
+
+def needed_window(rule: str, cfg: dict, a: dict = ASSUMPTIONS) -> NoticeWork | None:
+    """The job of ``rule`` that needs the longest warning window (None: no job to price)."""
+    work = notice_work(rule, cfg, a)
+    return max(work, key=lambda w: w.seconds) if work else None
+
+
+def window_problems(cfg: dict, profile: Profile | None = None, rules=None, a: dict = ASSUMPTIONS) -> list[str]:
+    """Rules of :data:`NOTICE_KINDS` (those of ``rules`` when given: the rules the workflow has)
+    whose warning cannot hold the work a job finishes on notice: none, not SIGTERM to the job step,
+    or shorter than the longest job's need. One message per rule, naming the profile setting."""
+    profile = profile or Profile.from_file()
+    problems = []
+    for rule in NOTICE_KINDS:
+        if rules is not None and rule not in rules:
+            continue
+        limits = profile.limits(rule)
+        where = f"{profile.source}: {limits.slurm_extra_key}"
+        try:
+            need = needed_window(rule, cfg, a)
+        except SystemExit as exc:  # a model with no size
+            problems.append(f"{exc} (the notice window of rule {rule} is derived from it)")
+            continue
+        warning = limits.warning
+        if warning is None:
+            if need is not None:
+                problems.append(f"{where} asks for no warning: a {rule} job stops on notice, but would hear of its "
+                                f"time limit only at the limit, with Slurm's KillWait (30 s by default) left for "
+                                f"{need.explain()}; add '--signal={WARNING_SIGNAL}@N' with N >= {need.ceil_seconds}")
+            continue
+        if warning.signal != WARNING_SIGNAL or warning.batch_only:
+            problems.append(f"{where} asks for --signal={'B:' if warning.batch_only else ''}{warning.signal}@"
+                            f"{warning.seconds}: the warning must be SIGTERM to the job step ('--signal="
+                            f"{WARNING_SIGNAL}@N', no B:), the signal a job's Snakemake waits on and its script "
+                            "stops on (docs/cluster.md)")
+        elif need is not None and warning.seconds < need.ceil_seconds:
+            problems.append(f"{where} warns {rule} jobs {warning.seconds} s before their time limit, too short for "
+                            f"{need.job}: {need.explain()}; raise N in '--signal={WARNING_SIGNAL}@N' to at least "
+                            f"{need.ceil_seconds}")
     return problems
 
 
-def train_retries(cfg: dict, a: dict = ASSUMPTIONS, failures: int = 2) -> int:
-    """The train rule's retries on a cluster: the attempts its longest run needs under
-    ``cluster.max_runtime_min`` (each resumes from the checkpoint the previous one wrote on notice),
-    beyond the first, plus ``failures`` for crashes, node failures and memory kills."""
-    cap = float(cfg["cluster"]["max_runtime_min"])
-    needed = [attempts_needed(job_hours(job, cfg, a), cap, a) for job in training_jobs(cfg) if job.gpus]
-    return max(needed, default=1) - 1 + failures
+def cap_problems(cfg: dict, a: dict = ASSUMPTIONS, profile: Profile | None = None, rules=None) -> list[str]:
+    """Jobs that cannot progress under ``cluster.max_runtime_min``: an attempt at the cap must hold
+    the start-up (GPU jobs), one piece (a training step, a shard, a grading pair) and the rule's
+    warning window. One message per job, with the numbers."""
+    profile = profile or Profile.from_file()
+    cap = max_runtime(cfg)
+    problems = []
+    for rule in NOTICE_KINDS:
+        if rules is not None and rule not in rules:
+            continue
+        window = warning_seconds(profile.limits(rule)) / 60.0
+        try:
+            work = notice_work(rule, cfg, a)
+        except SystemExit:
+            continue  # window_problems names the missing size
+        for w in work:
+            startup = 0.0 if NOTICE_KINDS[rule] == "grade" else a["startup_min"]
+            piece = w.piece_s / 60.0
+            if cap - startup - window < piece:
+                what = f"training {w.job}" if rule == "train" else f"{rule} jobs of {w.job}"
+                problems.append(f"cluster.max_runtime_min={cap:g} is too short for {what}: an attempt needs "
+                                f"{startup:g} min start-up + {piece:.1f} min for {w.piece} + {window:g} min notice "
+                                f"window ({profile.limits(rule).slurm_extra_key}) = {startup + piece + window:.1f} min")
+    return problems
 
 
 # Rules whose GPUs run vLLM engines (the layout comparison re-prices these).
 VLLM_RULES = ("generate", "spines", "forced_continuation")
 
 
-def render(rows: list[dict], a: dict, data_parallel: list[dict] | None = None, cfg: dict | None = None) -> str:
+def render_windows(cfg: dict, profile: Profile, a: dict = ASSUMPTIONS) -> list[str]:
+    """One line per rule that stops on notice: the warning the profile asks for and the window its
+    longest job needs (the same check as at the workflow's start)."""
+    lines = []
+    for rule in NOTICE_KINDS:
+        try:
+            need = needed_window(rule, cfg, a)
+        except SystemExit:
+            continue
+        warning = profile.limits(rule).warning
+        given = f"--signal={warning.signal}@{warning.seconds}" if warning else "no warning"
+        lines.append(f"  {rule:<20} {given:<20} needs " + (f"{need.ceil_seconds} s ({need.job}: {need.explain()})"
+                                                               if need else "nothing (no job to price)"))
+    return lines
+
+
+def render(rows: list[dict], a: dict, data_parallel: list[dict] | None = None, cfg: dict | None = None,
+           profile: Profile | None = None) -> str:
     lines = [f"{'rule':<22}{'jobs':>6}{'GPUs/job':>10}{'h/job':>8}{'GPU-hours':>11}{'attempts':>10}"]
     for r in rows:
         gpus = "/".join(str(g) for g in sorted(r["gpus"]))
@@ -299,9 +578,12 @@ def render(rows: list[dict], a: dict, data_parallel: list[dict] | None = None, c
     lines.append(f"{'total':<22}{total_jobs:>6}{'':>10}{'':>8}{total:>11.1f}")
     lines.append(f"= {total / 24:.1f} GPU-days, {total / 4:.0f} hours of 4xH100 nodes")
     if cfg is not None:
-        lines.append(f"attempts: submissions the longest job of a rule needs when each stops at cluster.max_runtime_min="
-                     f"{cfg['cluster']['max_runtime_min']} min and the next resumes from its checkpoint (train: "
-                     f"retries {train_retries(cfg, a)} on the cluster)")
+        profile = profile or Profile.from_file()
+        lines.append(f"attempts: submissions the longest job of a rule needs when attempt k stops at the profile's runtime "
+                     f"at k (min(base x k, cluster.max_runtime_min={cfg['cluster']['max_runtime_min']} min)) and the next "
+                     f"resumes from its checkpoint (train: retries {train_retries(cfg, a, profile=profile)} on the cluster)")
+        lines.append(f"notice windows ({profile.source}, set-resources.<rule>.slurm_extra) and what each needs:")
+        lines += render_windows(cfg, profile, a)
     if data_parallel is not None and cfg is not None:
         layout = ", ".join(f"{m} TP={e.get('vllm', {}).get('tensor_parallel_size', 1)} x "
                            f"DP={e.get('vllm', {}).get('data_parallel_size', 1)}" for m, e in cfg["models"].items())
@@ -325,6 +607,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--assume", action="append", default=[], metavar="KEY=VALUE", help="override an assumption")
     ap.add_argument("--configfile", action="append", default=[], help="an overlay config file, as snakemake --configfile "
                     "(e.g. config/seeds.yaml), relative to --directory; repeatable")
+    ap.add_argument("--profile", default=None, help="the Slurm profile file whose runtimes and warnings are priced "
+                    f"(default: this repository's {PROFILE})")
     args = ap.parse_args(argv)
     a = dict(ASSUMPTIONS)
     for item in args.assume:
@@ -335,7 +619,9 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_config_files([Path(args.directory) / "config" / "config.yaml",
                              *(Path(args.directory) / f for f in args.configfile)])
     jobs = dry_run_jobs(args.directory, args.targets, forceall=args.all, configfiles=args.configfile)
-    print(render(plan(jobs, cfg, a), a, data_parallel=plan(jobs, data_parallel_layout(cfg), a), cfg=cfg))
+    profile = Profile.from_file(args.profile)
+    print(render(plan(jobs, cfg, a, profile), a, data_parallel=plan(jobs, data_parallel_layout(cfg), a, profile), cfg=cfg,
+                 profile=profile))
 
 
 if __name__ == "__main__":

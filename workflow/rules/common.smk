@@ -43,6 +43,7 @@ config.update(_validated)
 # which `cores: all` of profiles/default would impose, also on how many jobs run at once) and cap
 # runtimes at the partition maximum.
 from pwopsd import cluster as clustermod
+from pwopsd.notice import NOTICE_GRACE_SECONDS
 
 _slurm_defaults = clustermod.resource_args(workflow.resource_settings.default_resources)
 if clustermod.submits_to_slurm(_slurm_defaults):
@@ -58,23 +59,31 @@ if clustermod.submits_to_slurm(_slurm_defaults):
                        "a run stops here until these are set):\n  " + "\n  ".join(_unset))
     workflow.global_resources["_cores"] = Resource("_cores", sys.maxsize)
     clustermod.export_max_runtime(config["cluster"]["max_runtime_min"])
-    # A training longer than the partition allows runs over several attempts, each stopped on
-    # notice before the limit and resumed from its checkpoint (pwopsd.notice): the train
-    # rule's retries come from the cost plan. A limit too short for one step is refused here.
+    # What sbatch will get: the profile's runtimes and time-limit warnings (with any --set-resources
+    # of the command line). Each job that stops on notice must be warned early enough to finish its
+    # piece in progress, and an attempt at the partition's limit must hold that piece: checked in the
+    # Snakefile once every rule is defined (pwopsd.cost.window_problems, cap_problems).
     from pwopsd import cost as costmod
 
-    _short = costmod.cap_problems(config)
-    if _short and clustermod.planning_flag(sys.argv[1:]) is None:
-        raise WorkflowError("the partition's time limit is too short:\n  " + "\n  ".join(_short))
-    for _problem in _short:
-        logger.warning(_problem)
+    SLURM_PROFILE = clustermod.Profile.from_settings(workflow.resource_settings, sys.argv[1:])
+    # A training longer than an attempt's limit runs over several attempts, each stopped on notice
+    # before the limit and resumed from its checkpoint (pwopsd.notice): the train rule's retries come
+    # from the cost plan, attempt k limited to the profile's min(base x k, cluster.max_runtime_min).
     # Only the main process retries: Snakemake runs a submitted job with --retries 0 in the job,
     # but a rule's own `retries:` would make the job's Snakemake rerun a job stopped on notice
     # inside the same allocation (measured on the test Slurm), with the notice already spent and
     # only the notice window of the time limit left; the main process submits a new job instead.
-    TRAIN_RETRIES = costmod.train_retries(config) if workflow.exec_mode == ExecMode.DEFAULT else 0
+    try:
+        TRAIN_RETRIES = costmod.train_retries(config, profile=SLURM_PROFILE) if workflow.exec_mode == ExecMode.DEFAULT else 0
+    except ValueError as exc:  # a runtime the profile writes in a way the cost plan cannot read
+        raise WorkflowError(str(exc)) from None
+    # torchrun waits this long for the ranks' checkpoint after passing the warning on (rule train).
+    _train_warning = SLURM_PROFILE.limits("train").warning
+    TRAIN_NOTICE_SECONDS = _train_warning.seconds if _train_warning else NOTICE_GRACE_SECONDS
 else:
+    SLURM_PROFILE = None
     TRAIN_RETRIES = None  # a local run: Snakemake's --retries
+    TRAIN_NOTICE_SECONDS = NOTICE_GRACE_SECONDS
 
 MODELS = list(config["models"])
 HUB_MODELS = cfgmod.hub_models(config)

@@ -21,6 +21,10 @@ rule train:
         grading=config_param(settings.grading),
     threads: config_param(settings.training_threads)
     resources:
+        # Seconds of the profile's time-limit warning (--signal=TERM@N): torchrun waits that long for
+        # the ranks' checkpoint after passing the warning on. A resource, not a param: changing it
+        # reruns no training.
+        notice_window_s=TRAIN_NOTICE_SECONDS,
         gpu=config_param(settings.gpus, "train"),
     priority: config_param(settings.chain_priority, 3)
     retries: TRAIN_RETRIES
