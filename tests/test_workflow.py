@@ -621,3 +621,31 @@ def test_a_local_data_file_is_a_declared_input_and_its_errors_reach_the_console(
     cause = [line for line in out.splitlines() if line.startswith("pwopsd job failed: DataError:")]
     assert len(cause) == 1 and "benchmarks.probe" in cause[0] and "probe.jsonl" in cause[0], out[-3000:]
     assert not (tmp_path / target).exists()  # Snakemake removed the stale table; nothing half-written replaced it
+
+
+@pytest.mark.workflow
+def test_a_second_copy_of_a_running_training_stops_at_once_naming_the_first(tiny_run, tmp_path):
+    """A lost Snakemake head restarted with --rerun-incomplete while the old job still runs: the
+    train script of the second copy (run standalone, the rule's own inputs and params) stops before
+    training, naming the copy that holds the run, and writes no checkpoint."""
+    from conftest import copy_tiny_inputs
+    from test_keys import HOLD
+
+    workdir, _ = tiny_run
+    shutil.copytree(REPO / "tiny" / "config", tmp_path / "config")
+    copy_tiny_inputs(workdir, tmp_path)
+    run = tmp_path / "results/training/tiny_qwen3/opsd"
+    first = subprocess.Popen([sys.executable, "-c", HOLD, str(run / "adapter")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "held"
+        second = subprocess.run([sys.executable, str(REPO / "workflow/scripts/train.py"), "--directory", str(tmp_path),
+                                 "model=tiny_qwen3", "method=opsd"], capture_output=True, text=True, cwd=tmp_path,
+                                timeout=600)
+    finally:
+        first.kill()
+        first.wait()
+    assert second.returncode != 0
+    cause = [line for line in second.stderr.splitlines() if line.startswith("pwopsd job failed: WriterLockedError:")]
+    assert len(cause) == 1 and "training tiny_qwen3/opsd is already running" in cause[0], second.stderr[-2000:]
+    assert f"pid {first.pid}" in cause[0]
+    assert not list(run.glob("checkpoints/*/step-*")) and not (run / "adapter").exists()

@@ -1,15 +1,22 @@
 """Stop on notice: a job that is told it will stop soon saves its work and exits resumable.
 
 Slurm tells a job it will be stopped in three ways: a warning signal before the time limit (the
-profile asks for one with ``--signal``, see docs/cluster.md), SIGTERM when the limit is reached,
-the job is preempted or cancelled (then SIGKILL after ``KillWait`` or the preemption grace time),
-and nothing at all when a node dies. The training loop (:meth:`pwopsd.training.loop.Trainer.train`)
-runs inside a :class:`Notice`: the first notice signal only sets a flag, the loop finishes the
-optimizer step it is in, writes a checkpoint (all ranks agree on the step: :func:`agreed`) and
-raises :class:`Interrupted`; the job then exits with :data:`EXIT_INTERRUPTED` and the next attempt
-(Snakemake's retry, or the same job requeued by Slurm) resumes from that checkpoint. Work lost per
-notice: nothing, when the step finishes before the kill; at most one step otherwise (the last
-checkpoint is then the previous step's, written on the previous notice or by ``save_every``).
+profile asks for one for every job kind that stops on notice, each with a window that holds its
+piece of work, checked when the workflow starts: docs/cluster.md, "Notice windows"), SIGTERM when
+the limit is reached, the job is preempted or cancelled (then SIGKILL after ``KillWait`` or the
+preemption grace time), and nothing at all when a node dies. Slurm signals every process of the
+job: the job's helpers (vLLM engine processes, grading workers) block the notice signals
+(:func:`block_notice`, :func:`notice_blocked`) and are stopped by the job itself.
+
+The job's process runs inside a :class:`Notice`: the first notice signal only sets a flag. The
+training loop (:meth:`pwopsd.training.loop.Trainer.train`) finishes the optimizer step it is in
+(rollouts and weight sync included), writes a checkpoint (all ranks agree on the step:
+:func:`agreed`) and raises :class:`Interrupted`; generation, grading and the diagnostic's
+generating phases finish the shard or pair in progress, keep it and raise it between two
+(:func:`stop_on_notice`). The job exits with :data:`EXIT_INTERRUPTED` and the next attempt
+(Snakemake's retry, or the same job requeued by Slurm) resumes. Work lost per notice: nothing when
+the piece in progress finishes inside the window; otherwise that piece (the last checkpoint is then
+the previous step's, written on the previous notice or by ``save_every``).
 """
 
 from __future__ import annotations
@@ -27,14 +34,49 @@ log = logging.getLogger(__name__)
 EXIT_INTERRUPTED = 75
 
 # How long a launcher (torchrun) lets its processes finish their step and write the checkpoint
-# after a notice before it kills them. The Slurm profile asks for its warning this long before the
-# time limit (`--signal=TERM@600` in profiles/slurm), so both windows hold one step and one save.
+# after a notice before it kills them, when the job is not told its window: the train rule passes
+# the profile's train warning (resource notice_window_s), which the workflow checks at start
+# against the cost model's step + checkpoint + engine shutdown (pwopsd.cost.window_problems).
 NOTICE_GRACE_SECONDS = 600
 
-# SIGTERM: Slurm's time-limit warning (the profile's `--signal=TERM@600`), its kill at the limit,
+# SIGTERM: Slurm's time-limit warning (the profile's `--signal=TERM@N`), its kill at the limit,
 # preemption, scancel, Snakemake stopping; SIGUSR1: a warning sent to a job run outside Snakemake's
 # Slurm executor (under it, the job step's Snakemake dies of USR1: docs/cluster.md); SIGINT: Ctrl-C.
 NOTICE_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
+
+
+def notice_signals() -> set[signal.Signals]:
+    return {getattr(signal, name) for name in NOTICE_SIGNALS}
+
+
+def block_notice() -> None:
+    """Block the notice signals in this process (a job's helper: a grading worker, an engine
+    process) and in every process it starts: Slurm signals every process of the job, and a helper
+    that exits on the notice (vLLM's engine core installs SIGTERM and SIGINT handlers that shut it
+    down) takes the job's work in progress with it. The job's main process alone takes the notice
+    and decides when its helpers stop. A blocked signal stays pending, so no handler a library
+    installs later receives it; the mask is inherited across fork and exec."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, notice_signals())
+
+
+@contextlib.contextmanager
+def notice_blocked():
+    """Processes started inside the block (vLLM's engine core, a data-parallel engine process)
+    inherit a mask that blocks the notice signals (:func:`block_notice`); this thread's mask is
+    restored afterwards, and a notice that came meanwhile is delivered to it then. vLLM's own
+    shutdown of an engine core that cannot take SIGTERM ends it with SIGKILL after its 5-s
+    grace (measured: docs/cluster.md)."""
+    from multiprocessing import resource_tracker
+
+    # The tracker of multiprocessing starts with the first process a job spawns, and unblocks
+    # SIGINT and SIGTERM in the calling thread once it runs: started first, it leaves the mask alone.
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # this thread's mask, unchanged
+    resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_BLOCK, notice_signals())
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class Interrupted(RuntimeError):

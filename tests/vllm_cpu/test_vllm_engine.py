@@ -83,11 +83,14 @@ def token_ids(results):
 
 
 def engine_processes(since: float) -> list[psutil.Process]:
-    """vLLM engine processes (``VLLM::EngineCore``, ``VLLM::Worker``...) started after ``since``,
-    wherever they are in the process tree (a leaked one is re-parented to PID 1)."""
+    """vLLM engine processes (``VLLM::EngineCore``, ``VLLM::Worker``...) started after ``since`` and
+    still running, wherever they are in the process tree (a leaked one is re-parented to PID 1; one
+    that has exited but is not yet reaped by its new parent, a zombie, holds nothing and is not one)."""
     found = []
-    for proc in psutil.process_iter(["name", "cmdline", "create_time"]):
+    for proc in psutil.process_iter(["name", "cmdline", "create_time", "status"]):
         title = " ".join([proc.info["name"] or ""] + (proc.info["cmdline"] or []))
+        if proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
         if "VLLM" in title and (proc.info["create_time"] or 0) >= since - 1:
             found.append(proc)
     return found

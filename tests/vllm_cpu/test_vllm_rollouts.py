@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -190,18 +191,20 @@ def test_a_rollout_engine_that_cannot_start_fails_the_job_with_one_line(base, tm
     assert not engine_processes(since)
 
 
-def test_two_processes_with_vllm_rollouts_train_like_one(whole_run, base, tmp_path):
+def test_two_processes_with_vllm_rollouts_train_like_one(whole_run, base, tmp_path_factory):
     """torchrun with 2 processes, each with its own rollout engine and half of every step's
     problems, against the one-process run with the same micro-batches: per-request seeds make the
-    rollouts independent of the rank that samples them."""
+    rollouts independent of the rank that samples them. (The 2-process run, made once a session,
+    is also what ``test_vllm_notice.py`` resumes a 2-process run to.)"""
     from safetensors.torch import load_file
 
-    from pwopsd.training.job import launch
+    from uninterrupted import reference
 
-    args = job_args(base, tmp_path, train_config(gradient_accumulation_steps=1))
-    launch(args, processes=2, args_path=tmp_path / "args.json", log_path=tmp_path / "rule.log")
-    assert sorted(p.name for p in (tmp_path / "work" / "rollout-sync").iterdir()) == ["rank-0", "rank-1"]
-    adapter = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    _, args = reference(base, tmp_path_factory, policy="adapter", processes=2)
+    # each rank synced its engine through a folder of this attempt (rollout-sync/<job>/rank-N), removed at the end
+    work = Path(args["work_dir"])
+    assert not (work / "rollout-sync").exists() or not any((work / "rollout-sync").iterdir())
+    adapter = load_file(Path(args["adapter_out"]) / "adapter_model.safetensors")
     assert len(adapter) == len(whole_run["adapter"])
     # Equal rollouts, so only the order of floating-point sums differs (all-reduce vs accumulation),
     # which Adam can magnify in an element whose gradient is near 0: compare each matrix as a whole.

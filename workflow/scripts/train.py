@@ -1,11 +1,11 @@
 """Rule train: one model x method training run (torchrun processes when several GPUs are given)."""
 
 from pwopsd.cluster import slurm_restart
-from pwopsd.io import read_json, write_json
+from pwopsd.io import one_writer, read_json, write_json
 from pwopsd.runtime import set_threads, setup_logging
 from pwopsd.standalone import standalone_snakemake
-from pwopsd.training.job import checkpoint_dir, launch, run_key
-from pwopsd.notice import exit_on_notice
+from pwopsd.training.job import checkpoint_dir, launch, other_runs, run_key
+from pwopsd.notice import NOTICE_GRACE_SECONDS, exit_on_notice
 
 
 def main(snakemake):
@@ -24,6 +24,7 @@ def main(snakemake):
         "eval_step": p.eval_step,
         "adapter_out": snakemake.output.adapter,
         "log_out": snakemake.output.log,
+        "processes": max(1, int(snakemake.resources.get("gpu", 0) or 0)),  # part of the run key
     }
     # Read from the config, not params: switching tracking on or off reruns no training run.
     args["tracking"] = {"settings": snakemake.config.get("tracking"), "model": snakemake.wildcards.model,
@@ -35,15 +36,23 @@ def main(snakemake):
     # Checkpoints of a run live in a folder keyed by everything that determines the run (settings,
     # base model content, corpus content, prompt switches, dtype, library versions, training code):
     # a resumed run never continues from a checkpoint of a different one.
+    key = run_key(args)
     work_dir = checkpoint_dir(p.work_root, args)
     args["work_dir"] = str(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_key(args), work_dir / "run.json")  # what this checkpoint folder is the run of
-    # A notice signal (Slurm's warning, time limit, preemption) ends the job with status 75 after a
+    write_json(key, work_dir / "run.json")  # what this checkpoint folder is the run of
+    if not any(work_dir.glob("step-*/trainer_state.pt")) and (others := other_runs(work_dir, key)):
+        log.info("no checkpoint of this run key yet (%s): starting at step 0; not resumed from the other run "
+                 "folders of %s/%s: %s", work_dir.name, snakemake.wildcards.model, snakemake.wildcards.method,
+                 "; ".join(others))
+    # One copy of a run at a time (its checkpoints, step log and rollout sync folders). A notice
+    # signal (Slurm's warning, time limit, preemption) ends the job with status 75 after a
     # checkpoint: the next attempt resumes.
-    with exit_on_notice(console=True):
-        launch(args, processes=int(snakemake.resources.get("gpu", 0) or 0), args_path=work_dir.parent / "launch_args.json",
-               log_path=snakemake.log[0])
+    with exit_on_notice(console=True), one_writer(work_dir, f"training {snakemake.wildcards.model}/{snakemake.wildcards.method}"), \
+            one_writer(snakemake.output.adapter, f"training {snakemake.wildcards.model}/{snakemake.wildcards.method}"):
+        launch(args, processes=args["processes"], args_path=work_dir / "launch_args.json",
+               log_path=snakemake.log[0],
+               shutdown_timeout=int(snakemake.resources.get("notice_window_s", NOTICE_GRACE_SECONDS)))
 
 
 if __name__ == "__main__":

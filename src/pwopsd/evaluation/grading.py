@@ -165,12 +165,11 @@ class Grade(NamedTuple):
 
 
 def _worker_main(conn, options: GradingOptions) -> None:  # runs in the child process
-    import signal
+    from pwopsd.notice import block_notice
 
     # The parent handles Ctrl-C and the notice signals (Slurm signals every process of the job):
     # it finishes its benchmark and closes the pool, a worker never dies with a task in hand.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, signal.SIG_IGN)
+    block_notice()
     try:
         import math_verify  # noqa: F401  (warm up once per worker)
     except ImportError as exc:

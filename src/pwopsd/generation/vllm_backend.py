@@ -156,9 +156,12 @@ def build_engine(engine_kwargs: dict):
     often ``Engine core initialization failed``, is its cause)."""
     from vllm import LLM
 
+    from pwopsd.notice import notice_blocked
+
     kwargs = {k: v for k, v in engine_kwargs.items() if v is not None}
     try:
-        with _engine_core_in_process(kwargs.get("distributed_executor_backend") == "uni"):
+        # The engine's processes ignore the job's notice signals: the job stops them when its piece in progress is saved.
+        with _engine_core_in_process(kwargs.get("distributed_executor_backend") == "uni"), notice_blocked():
             return LLM(**kwargs)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -336,12 +339,15 @@ class _EngineProcess:
     def __init__(self, rank: int, engine_kwargs: dict, min_p: float, gpus: str):
         import multiprocessing as mp
 
+        from pwopsd.notice import notice_blocked
+
         ctx = mp.get_context("spawn")
         self.rank = rank
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_engine_process_main, args=(engine_kwargs, min_p, gpus, child),
                                    name=f"vllm-dp-rank{rank}")
-        self.process.start()
+        with notice_blocked():  # the rank (and its engine's processes) leave the notice to the job's process
+            self.process.start()
         child.close()
 
     def submit(self, requests: list[GenerationRequest], adapter: Adapter | None = None, reload: bool = False) -> None:
@@ -386,6 +392,9 @@ def _stop_all(ranks: list[_EngineProcess]) -> None:
 def _engine_process_main(engine_kwargs: dict, min_p: float, gpus: str, conn) -> None:  # runs in the rank's process
     import traceback
 
+    from pwopsd.notice import block_notice
+
+    block_notice()  # the job's process takes the notice and stops this rank (and its engine's processes) itself
     os.environ["CUDA_VISIBLE_DEVICES"] = gpus
     llm = None
     try:

