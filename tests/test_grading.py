@@ -257,15 +257,15 @@ def test_maj_clustering_budget_keeps_one_problem_from_stalling_the_job():
     gens = pd.DataFrame([{"problem_id": pid, "sample_index": i, "text": t} for pid, ts in texts.items() for i, t in enumerate(ts)])
     bench = pd.DataFrame({"id": ["p1", "p2"], "answer": ["1", "4"]})
     with GraderPool(workers=2, timeout=2.0) as pool:
-        t0 = time.monotonic()
         graded, problems, _ = grade_generations(gens, bench, pool, maj_budget=1.0)
-        elapsed = time.monotonic() - t0
         assert pool.stats["over_budget"] > 0
+        # the two gold grades of the towers hit the 2-s limit; no clustering comparison ran to it (without
+        # the budget 4 more did: 6 timeouts). Counted, not timed: a loaded CI host made a wall-clock bound flaky.
+        assert pool.stats["timeouts"] == 2
     p1, p2 = (problems.set_index("problem_id").loc[p] for p in ("p1", "p2"))
     assert p1["maj_over_budget"] == 3 and p1["avg"] == 0.5 and p1["maj"] == 0  # all three undecided -> INVALID wins
     assert (graded.loc[graded["problem_id"] == "p1", "maj_cluster"] == INVALID).all()
     assert p2["maj_over_budget"] == 0 and p2["maj"] == 1 and p2["avg"] == pytest.approx(2 / 3)
-    assert elapsed < 7  # gold grades (2 s limit) + the 1 s budget, not 8 more seconds of clustering
 
 
 def test_long_log_messages_are_cut_and_a_failing_job_prints_its_cause(tmp_path):

@@ -47,7 +47,9 @@ def base(tiny_model_dir):
 CASES = {  # name: (rollout policy, engine core in the engine's process, training processes, notice point)
     "merged_bf16, own engine-core process, notice during the weight sync": ("merged_bf16", False, 1, "sync:2"),
     "adapter, engine core in process, notice as rollouts start": ("adapter", True, 1, "rollouts:3"),
-    "adapter, 2 processes, own engine-core processes, notice as rollouts start": ("adapter", False, 2, "rollouts:2"),
+    # 2 processes with the engine core in each rank's engine process: the rank processes are the ones
+    # the signal must spare (the engine-core process of vLLM's default layout is the first case's).
+    "adapter, 2 processes, engine cores in process, notice as rollouts start": ("adapter", True, 2, "rollouts:2"),
 }
 
 
