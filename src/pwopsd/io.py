@@ -53,7 +53,7 @@ def partial_dir(output: str | os.PathLike, key: Any, part: str = "shards") -> Pa
     weights by content, dtype, backend, code, settings, inputs). Pieces of ``part`` kept under
     another key (the model was retrained, the code or the dtype changed, ...) are discarded here,
     and the log names the fields that changed: they are never mixed with new ones."""
-    from pwopsd.keys import changed_fields
+    from pwopsd.keys import describe_change
 
     root = _partial_root(output) / part
     name = fingerprint(key)
@@ -61,7 +61,7 @@ def partial_dir(output: str | os.PathLike, key: Any, part: str = "shards") -> Pa
         for other in sorted(p for p in root.iterdir() if p.is_dir() and p.name != name):
             try:
                 old = json.loads((other / KEY_FILE).read_text())
-                why = ", ".join(changed_fields(old, json.loads(json.dumps(key, sort_keys=True, default=str))))
+                why = describe_change(old, key)
             except (OSError, ValueError):
                 why = "its key file is missing or unreadable"
             log.warning("%s: discarding %d kept %s in %s, made under another key (changed: %s)", output,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any, Iterable
@@ -111,9 +112,14 @@ def folder_files_sha256(root: str | os.PathLike) -> dict[str, str]:
 
 
 def content_sha256(files: dict[str, str]) -> str:
-    """One hash of a folder's ``{relative path: sha256}``: what a built or merged checkpoint's
-    manifest records as its identity when it is written."""
+    """One hash of a folder's ``{relative path: sha256}``."""
     return hashlib.sha256("".join(f"{k}\0{v}\n" for k, v in sorted(files.items())).encode()).hexdigest()
+
+
+def folder_content_sha256(root: str | os.PathLike) -> str:
+    """A checkpoint folder's content hash: what a built or merged checkpoint's manifest records as
+    its identity when it is written (``content_sha256``, read by :func:`weights_identity`)."""
+    return content_sha256(folder_files_sha256(root))
 
 
 def weights_identity(manifest: dict) -> dict:
@@ -130,7 +136,7 @@ def weights_identity(manifest: dict) -> dict:
     root = Path(manifest["path"])
     if not root.is_dir():
         raise ModelError(f"model {manifest.get('model')}: checkpoint directory {root} does not exist")
-    return {"content_sha256": content_sha256(folder_files_sha256(root))}
+    return {"content_sha256": folder_content_sha256(root)}
 
 
 def result_versions() -> dict[str, str]:
@@ -146,6 +152,12 @@ def part_key(manifest: dict | None, *, code: Iterable[str], dtype: str | None = 
     the ``code`` entry modules, library versions, and ``what`` (the job's own settings and inputs)."""
     return {"weights": None if manifest is None else weights_identity(manifest), "dtype": dtype, "backend": backend,
             "engine": engine, "code": code_digest(*code), "versions": result_versions(), **what}
+
+
+def describe_change(stored: Any, key: Any) -> str:
+    """The fields in which ``key`` differs from a ``stored`` one (read back from its JSON file), for
+    the log line that says why kept work is not reused."""
+    return ", ".join(changed_fields(stored, json.loads(json.dumps(key, sort_keys=True, default=str))))
 
 
 def changed_fields(old: Any, new: Any, prefix: str = "", limit: int = 8) -> list[str]:

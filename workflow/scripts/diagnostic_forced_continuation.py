@@ -3,9 +3,8 @@
 import time
 
 from pwopsd.diagnostic.phases import forced_continuation_plan
-from pwopsd.generation.sampling import generate_resumable, make_backend
+from pwopsd.generation.sampling import generate_resumable, generation_identity, make_backend
 from pwopsd.io import clear_partial, one_writer, partial_dir, read_parquet, write_parquet
-from pwopsd.keys import part_key
 from pwopsd.models import load_tokenizer, read_manifest
 from pwopsd.runtime import provenance, set_threads, setup_logging
 from pwopsd.settings import execution_settings
@@ -22,8 +21,10 @@ def main(snakemake):
                                               read_parquet(snakemake.input.candidates), s)
     options = execution_settings(snakemake.config, snakemake.wildcards.model)["backend_options"]
     # Kept shards are the work of these weights (by content), dtype, backend, engine, code and requests.
-    key = part_key(manifest, code=("pwopsd.diagnostic.phases",), dtype=s["dtype"], backend=snakemake.params.backend,
-                   engine=options, max_model_len=s["forced_continuation"]["max_model_len"], requests=requests, keys=keys)
+    key = {"identity": generation_identity(manifest, dtype=s["dtype"], backend_name=snakemake.params.backend,
+                                           backend_options=options, code="pwopsd.diagnostic.phases",
+                                           max_model_len=s["forced_continuation"]["max_model_len"]),
+           "requests": requests, "keys": keys}
     t0 = time.time()
     # On a notice signal the shard in progress is saved and the job exits 75 (resumable) before the next.
     with exit_on_notice(console=True), one_writer(out, f"forced_continuation {snakemake.wildcards.model}"), \

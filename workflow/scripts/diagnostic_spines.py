@@ -2,9 +2,8 @@
 
 from pwopsd.diagnostic.phases import run_spines, sample_problems
 from pwopsd.evaluation.grading import answer_grader
-from pwopsd.generation.sampling import make_backend
+from pwopsd.generation.sampling import generation_identity, make_backend
 from pwopsd.io import clear_partial, one_writer, partial_dir, read_parquet, write_parquet
-from pwopsd.keys import part_key
 from pwopsd.models import load_tokenizer, read_manifest
 from pwopsd.runtime import provenance, set_threads, setup_logging
 from pwopsd.settings import execution_settings
@@ -23,8 +22,8 @@ def main(snakemake):
     grade = answer_grader(snakemake.params.grading, snakemake.threads)
     options = execution_settings(snakemake.config, snakemake.wildcards.model)["backend_options"]
     # Kept shards are the work of these weights (by content), dtype, backend, engine and code; run_spines adds the requests.
-    identity = part_key(manifest, code=("pwopsd.diagnostic.phases",), dtype=s["dtype"], backend=snakemake.params.backend,
-                        engine=options, max_model_len=s["spine"]["max_model_len"])
+    identity = generation_identity(manifest, dtype=s["dtype"], backend_name=snakemake.params.backend, backend_options=options,
+                                   code="pwopsd.diagnostic.phases", max_model_len=s["spine"]["max_model_len"])
     # On a notice signal the shard in progress is saved and the job exits 75 (resumable) before the next.
     with exit_on_notice(console=True), one_writer(out, f"spines {snakemake.wildcards.model}"), Notice() as notice, \
             make_backend(snakemake.params.backend, manifest, dtype=s["dtype"], max_model_len=s["spine"]["max_model_len"],

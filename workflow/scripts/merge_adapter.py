@@ -2,7 +2,7 @@
 step's) into a standalone checkpoint (on CPU)."""
 
 from pwopsd.io import write_json
-from pwopsd.keys import content_sha256, folder_files_sha256
+from pwopsd.keys import folder_content_sha256
 from pwopsd.models import read_manifest
 from pwopsd.runtime import setup_logging, versions
 from pwopsd.standalone import standalone_snakemake
@@ -18,7 +18,7 @@ def main(snakemake):
     # The merged weights' content hash: what every job that reuses work made with them keys on
     # (pwopsd.keys.weights_identity); retraining writes new weights to the same path.
     write_json({"model": wc.model, "kind": "merged", "method": wc.method, "step": step,
-                "path": snakemake.output.merged, "content_sha256": content_sha256(folder_files_sha256(snakemake.output.merged)),
+                "path": snakemake.output.merged, "content_sha256": folder_content_sha256(snakemake.output.merged),
                 "base": base, "adapter": snakemake.input.adapter, "versions": versions()}, snakemake.output.manifest)
     log.info("merged %s into %s", snakemake.input.adapter, snakemake.output.merged)
 

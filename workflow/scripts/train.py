@@ -37,7 +37,7 @@ def main(snakemake):
     # base model content, corpus content, prompt switches, dtype, library versions, training code):
     # a resumed run never continues from a checkpoint of a different one.
     key = run_key(args)
-    work_dir = checkpoint_dir(p.work_root, args)
+    work_dir = checkpoint_dir(p.work_root, args, key)
     args["work_dir"] = str(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     write_json(key, work_dir / "run.json")  # what this checkpoint folder is the run of

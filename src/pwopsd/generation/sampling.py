@@ -243,13 +243,15 @@ def run_generations(
             clear_partial(output)
 
 
-def generation_identity(manifest: dict, *, dtype: str, backend_name: str, backend_options: dict | None) -> dict:
-    """What a generation job's kept shards are the work of besides sampling and prompts: the
-    checkpoint's weights by content, dtype, backend and its engine settings, the sampling code."""
+def generation_identity(manifest: dict, *, dtype: str, backend_name: str, backend_options: dict | None,
+                        code: str = "pwopsd.generation.sampling", **engine) -> dict:
+    """What a generating job's kept shards are the work of besides its requests: the checkpoint's
+    weights by content, dtype, backend and its engine settings (``backend_options`` and ``engine``,
+    e.g. the engine's ``max_model_len``), the code of the ``code`` entry module and what it imports.
+    Generation, the diagnostic's spines and forced continuations."""
     from pwopsd.keys import part_key
 
-    return part_key(manifest, code=("pwopsd.generation.sampling",), dtype=dtype, backend=backend_name,
-                    engine=dict(backend_options or {}))
+    return part_key(manifest, code=(code,), dtype=dtype, backend=backend_name, engine={**(backend_options or {}), **engine})
 
 
 def _sample_one_benchmark(backend, tokenizer, name, table, output, *, manifest, settings, sampling, chat_template,

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from pwopsd.io import atomic_path, write_json
-from pwopsd.keys import content_sha256, folder_files_sha256
+from pwopsd.keys import folder_content_sha256
 from pwopsd.runtime import cpu_capability, versions
 from pwopsd.tiny.model import (
     TinyBuildConfig,
@@ -57,7 +57,7 @@ def build_tiny_model(*, name: str, settings: dict, model_dir: str, manifest_path
         "path": str(Path(model_dir)),
         "parameters": n_params,
         "settings": cfg.__dict__,
-        "content_sha256": content_sha256(folder_files_sha256(model_dir)),  # pwopsd.keys.weights_identity
+        "content_sha256": folder_content_sha256(model_dir),  # pwopsd.keys.weights_identity
     }
     write_json(report, report_path)
     write_json(manifest, manifest_path)

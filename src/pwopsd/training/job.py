@@ -76,11 +76,12 @@ def run_key(args: dict) -> dict:
             "versions": {k: libs.get(k) for k in packages}, "code_sha256": code_digest("pwopsd.training.job")}
 
 
-def checkpoint_dir(work_root: str | Path, args: dict) -> Path:
-    """The run's checkpoint folder under ``work_root``: one per :func:`run_key`."""
+def checkpoint_dir(work_root: str | Path, args: dict, key: dict | None = None) -> Path:
+    """The run's checkpoint folder under ``work_root``: one per :func:`run_key` (``key``, when the
+    caller has it already: computing it hashes the corpus, the base weights and the code)."""
     from pwopsd.io import fingerprint
 
-    return Path(work_root) / fingerprint(run_key(args))
+    return Path(work_root) / fingerprint(run_key(args) if key is None else key)
 
 
 def other_runs(work_dir: Path, key: dict) -> list[str]:
@@ -88,7 +89,7 @@ def other_runs(work_dir: Path, key: dict) -> list[str]:
     another run key), naming the fields of the key that differ: said in the log when a run starts
     afresh, so a user sees why it did not resume. They are kept (a checkpoint sweep of a finished
     run finds its folder by content, :func:`export_step`)."""
-    from pwopsd.keys import changed_fields
+    from pwopsd.keys import describe_change
 
     lines = []
     for other in sorted(p for p in Path(work_dir).parent.glob("*") if p.is_dir() and p != Path(work_dir)):
@@ -98,7 +99,7 @@ def other_runs(work_dir: Path, key: dict) -> list[str]:
             continue
         steps = sorted(q.name for q in other.glob("step-*") if (q / "trainer_state.pt").exists())
         lines.append(f"{other.name} ({steps[-1] if steps else 'no checkpoint'}; differs in "
-                     f"{', '.join(changed_fields(old, json.loads(json.dumps(key, default=str))))})")
+                     f"{describe_change(old, key)})")
     return lines
 
 
