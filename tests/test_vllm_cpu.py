@@ -46,13 +46,14 @@ def _vllm_environment():
     return build
 
 
-@background.part("vLLM engine tests", after=("vLLM environment", "tiny model"))
+@background.part("vLLM engine tests", after=("vLLM environment", "tiny model", "real model"))
 def _vllm_engine_tests():
     def run():
         python, tiny = background.result("vLLM environment"), background.result("tiny model")
+        _, real = background.result("real model")
         return background.run_child([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
                                      str(REPO / "tests" / "vllm_cpu")], cwd=REPO,
-                                    env=_env(PWOPSD_TINY_MODEL=str(tiny / TINY_MODEL)))
+                                    env=_env(PWOPSD_TINY_MODEL=str(tiny / TINY_MODEL), PWOPSD_REAL_MODEL=real["path"]))
 
     return run
 
@@ -69,7 +70,7 @@ def vllm_engine_tests():
 
 
 def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PWOPSD_TINY_MODEL")}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PWOPSD_TINY_MODEL", "PWOPSD_REAL_MODEL")}
     return {**env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **extra}
 
 

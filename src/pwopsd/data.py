@@ -101,7 +101,7 @@ def load_tiny(source: dict) -> tuple[pd.DataFrame, dict]:
 
     problems = sample_problems(source["seed"], source["n"], list(source["levels"]), source.get("max_operand", 30))
     prefix = "arith-" + "".join(str(lv) for lv in source["levels"]) + f"-s{source['seed']}"
-    frame = problems_frame(problems, prefix, source.get("solution", "worked"))
+    frame = problems_frame(problems, prefix, source.get("solution", "worked"), example=bool(source.get("example")))
     return frame, {"kind": "tiny", **{k: source[k] for k in sorted(source) if k != "kind"}}
 
 

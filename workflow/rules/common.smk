@@ -23,8 +23,17 @@ from snakemake.logging import logger
 try:
     # Snakemake's own YAML reading keeps the last of two equal keys: read the config files again
     # strictly, so that a duplicated key is an error with its line numbers.
-    for _configfile in workflow.configfiles:
-        cfgmod.read_yaml_strict(_configfile)
+    # The files are merged again by pwopsd's rules (cfgmod.merge_configs: a data source of another
+    # kind replaces the one before it, where Snakemake's merge would keep the old source's keys).
+    # Snakemake applies the Snakefile's `configfile:` first and the command line's --configfile files
+    # over it (workflow.configfiles lists the command line's first).
+    _cli_files = list(workflow.overwrite_configfiles or [])
+    _directive_files = [] if workflow.config_settings.replace_workflow_config else [f for f in workflow.configfiles[len(_cli_files):]]
+    _files = [cfgmod.read_yaml_strict(_configfile) or {} for _configfile in _directive_files + _cli_files]
+    if _files:
+        config.clear()
+        for _file in _files:
+            config.update(cfgmod.merge_configs(config, _file))
     # `--config 'evaluation={n: 3}'` hands nested values over as strings: type them by the schema.
     _overrides = dict(workflow.config_settings.config or {})
     if _overrides:

@@ -51,11 +51,21 @@ def load_config(path: str | Path) -> dict:
 
 def merge_configs(base: dict, overlay: dict) -> dict:
     """``overlay`` merged into a copy of ``base`` as Snakemake merges ``--configfile`` files:
-    mappings key by key, recursively; any other value replaced."""
+    mappings key by key, recursively; any other value replaced. One exception: a data ``source``
+    of another ``kind`` replaces the base's source whole (an overlay that moves MATH-500 from the
+    Hub to a local file must not keep the Hub source's ``dataset`` and ``revision``)."""
     out = copy.deepcopy(base)
     for key, value in overlay.items():
-        out[key] = merge_configs(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else copy.deepcopy(value)
+        old = out.get(key)
+        if isinstance(value, dict) and isinstance(old, dict) and not _replaces_source(key, old, value):
+            out[key] = merge_configs(old, value)
+        else:
+            out[key] = copy.deepcopy(value)
     return out
+
+
+def _replaces_source(key: str, old: dict, new: dict) -> bool:
+    return key == "source" and "kind" in new and new["kind"] != old.get("kind")
 
 
 def load_config_files(paths) -> dict:

@@ -196,6 +196,22 @@ def _fitted_schedule_problems(cfg: dict) -> list[str]:
             for key in FITTED_PARAMS if key in (meth.get("params") or {})]
 
 
+# Mappings whose entries an overlay may remove: ``benchmarks: {aime2024: null}`` (config files are
+# merged key by key, so an overlay could otherwise only add entries; config/rehearsal.yaml).
+REMOVABLE_SECTIONS = (("models",), ("benchmarks",), ("diagnostic", "datasets"))
+
+
+def drop_removed_entries(cfg: dict) -> None:
+    """Remove the entries of :data:`REMOVABLE_SECTIONS` an overlay set to null (in place)."""
+    for path in REMOVABLE_SECTIONS:
+        entries = cfg
+        for key in path:
+            entries = entries.get(key) if isinstance(entries, dict) else None
+        if isinstance(entries, dict):
+            for name in [k for k, v in entries.items() if v is None]:
+                del entries[name]
+
+
 def validate_config(config: dict, schema: dict | None = None) -> dict:
     """Return a validated copy of ``config`` with defaults filled in, or raise :class:`ConfigError`."""
     from jsonschema import Draft202012Validator
@@ -204,6 +220,7 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
     cfg = copy.deepcopy(config)
     if not isinstance(cfg, dict):
         raise ConfigError(f"<top level>: the config must be a mapping, got {type(cfg).__name__}")
+    drop_removed_entries(cfg)
     errors = sorted(Draft202012Validator(schema).iter_errors(cfg), key=lambda e: list(map(str, e.absolute_path)))
     lines = []
     for err in errors:

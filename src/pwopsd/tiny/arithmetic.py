@@ -77,14 +77,26 @@ def sample_problems(seed: int, n: int, levels: list[int], max_operand: int) -> l
     return [sample_problem(rng, levels[i % len(levels)], max_operand) for i in range(n)]
 
 
-def problems_frame(problems: list[ArithmeticProblem], id_prefix: str, solution_style: str = "worked"):
-    """A benchmark/corpus table: ``id, problem, answer, solution, level``."""
+# The worked example of a one-shot problem (``example=True``), a fixed problem of level 1.
+EXAMPLE = ArithmeticProblem((2, 3), ("+",))
+
+
+def one_shot(problem: ArithmeticProblem) -> str:
+    """The problem text after one worked example (:data:`EXAMPLE`): for a pretrained model that does
+    not box its answers unprompted (config/rehearsal.yaml); the prompt template is unchanged."""
+    return f"Example: {EXAMPLE.problem}\nSolution: {EXAMPLE.worked_solution}\n\nNow c{problem.problem[1:]}"
+
+
+def problems_frame(problems: list[ArithmeticProblem], id_prefix: str, solution_style: str = "worked",
+                   example: bool = False):
+    """A benchmark/corpus table: ``id, problem, answer, solution, level`` (``example``: each problem
+    text is :func:`one_shot`)."""
     import pandas as pd
 
     return pd.DataFrame(
         {
             "id": [f"{id_prefix}-{i}" for i in range(len(problems))],
-            "problem": [p.problem for p in problems],
+            "problem": [one_shot(p) if example else p.problem for p in problems],
             "answer": [str(p.answer) for p in problems],
             "solution": [p.reference_solution(solution_style) for p in problems],
             "level": [p.level for p in problems],
