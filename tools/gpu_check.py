@@ -1,0 +1,146 @@
+"""The training and diagnostic code on a CUDA GPU in the paper's dtype: one short check.
+
+On a machine with a GPU (the cluster's node kind), for each family shape (Qwen3, Olmo3 with
+sliding-window layers, and Llama in SmolLM2-135M's real shape and 49,152-token vocabulary; random
+weights, the real SmolLM2 tokenizer and chat template from ``--tokenizer``), in bfloat16 on
+``cuda``: one PW-OPSD optimizer step with the paper's LoRA and rollouts from the live model, the
+adapter exported and merged (bf16), the diagnostic's teacher pass and MC dropout. It prints one
+JSON line per family (loss, grad norm, timings, peak GPU memory, whether LoRA B moved, MC dropout's
+spread) and fails on a non-finite value or an unmoved adapter. The CPU tests run the same functions
+(tests/vllm_cpu/test_families.py); this executes them where tensors live on a device.
+
+    python tools/gpu_check.py --tokenizer DIR [--families qwen3 olmo3 llama]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+FAMILY_ENTRY = {"qwen3": "qwen3_4b", "olmo3": "olmo3_7b_think", "llama": "dsr1_llama_8b"}
+
+
+def build(family: str, tokenizer_dir: str, out: Path) -> dict:
+    """A random model of ``family`` saved in bf16; ``llama``: SmolLM2-135M's own config."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from pwopsd.rehearsal import random_family_model
+
+    if family != "llama":
+        return {"path": str(random_family_model(family, tokenizer_dir, out, seed=0, dtype="bfloat16"))}
+    config = AutoConfig.from_pretrained(tokenizer_dir)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+    return {"path": str(out)}
+
+
+def check(family: str, tokenizer_dir: str, tmp: Path, device: str = "cuda") -> dict:
+    import numpy as np
+    import torch
+
+    from pwopsd.config import diagnostic_settings, load_config, training_config
+    from pwopsd.diagnostic.phases import run_candidates, run_mc_dropout, run_teacher_pass
+    from pwopsd.diagnostic.phases import sample_problems as draw
+    from pwopsd.generation.sampling import eval_prompt_ids, make_backend
+    from pwopsd.generation import GenerationRequest
+    from pwopsd.models import load_model, load_tokenizer
+    from pwopsd.tiny.arithmetic import problems_frame, sample_problems
+    from pwopsd.training.job import export
+    from pwopsd.training.loop import Example, TrainConfig, Trainer
+    from pwopsd.training.merge import merge_lora_checkpoint
+
+    paper = load_config(REPO / "config" / "config.yaml")
+    entry = FAMILY_ENTRY[family]
+    chat = paper["models"][entry]["chat_template"]
+    base = {"model": entry, **build(family, tokenizer_dir, tmp / "base")}
+    tokenizer = load_tokenizer(base)
+    problems = draw({"arith": problems_frame(sample_problems(seed=5, n=24, levels=[1, 2, 3], max_operand=20), "p")},
+                    {"arith": 4}, seed=0)
+    cuda = device == "cuda"
+    out = {"family": family, "device": torch.cuda.get_device_name(0) if cuda else device, "torch": torch.__version__}
+
+    cfg = TrainConfig(**{**training_config(paper, entry, "pwopsd_moderate"), "rollout_backend": "hf", "rollout_engine": {},
+                         "rollout_policy": "adapter", "max_steps": 2, "stop_at": 2, "save_every": 1,
+                         "per_device_batch_size": 4, "gradient_accumulation_steps": 1, "max_completion_length": 256,
+                         "lr": 1e-3})
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t = time.time()
+    model = load_model(base, device=device, dtype="bfloat16")
+    trainer = Trainer(model, tokenizer, [Example(r.problem, r.solution, r.answer) for r in problems.itertuples()], cfg,
+                      tmp / "train", add_special_tokens=bool(chat["add_special_tokens"]), think_closure=bool(chat["think_closure"]))
+    before = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if ".lora_B." in k}
+    history = trainer.train()
+    after = {k: v.detach() for k, v in trainer.model.named_parameters() if ".lora_B." in k}
+    out["train"] = {"steps": len(history), "loss": [h["loss"] for h in history], "grad_norm": [h["grad_norm"] for h in history],
+                    "seconds": round(time.time() - t, 2), "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3) if cuda else None,
+                    "lora_B_moved": sum(not torch.equal(before[k], after[k]) for k in before), "lora_B": len(before),
+                    "param_devices": sorted({str(p.device) for p in trainer.model.parameters()})}
+    del trainer, model
+    if cuda:
+        torch.cuda.empty_cache()
+
+    export(tmp / "train", 2, str(tmp / "adapter"), str(tmp / "train_log.jsonl"), 2)
+    merged = {"model": entry, "path": str(merge_lora_checkpoint(base["path"], tmp / "adapter", tmp / "merged", "bfloat16"))}
+    prompts = eval_prompt_ids(tokenizer, list(problems["problem"]), enable_thinking=True,
+                              add_special_tokens=bool(chat["add_special_tokens"]))
+    hf = make_backend("hf", merged, dtype="bfloat16", max_model_len=1024, tokenizer=tokenizer, options={"hf_batch_size": 8},
+                      progress=False)
+    greedy = hf.generate([GenerationRequest(tuple(p), temperature=0.0, max_new_tokens=64) for p in prompts])
+    out["merged_greedy_lengths"] = [len(c[0].token_ids) for c in greedy]
+
+    settings = diagnostic_settings(paper, entry)
+    model = load_model(base, device=device, dtype=settings["dtype"])
+    spines = problems.copy()
+    spines["spine_ids"] = [list(c[0].token_ids) for c in greedy]
+    spines["spine_length"] = [len(s) for s in spines["spine_ids"]]
+    t = time.time()
+    teacher = run_teacher_pass(model, tokenizer, spines, settings)
+    relaxed = {**settings, "candidates": {**settings["candidates"], "p2_min": 0.0, "spacing": 8}}
+    candidates = run_candidates(tokenizer, spines, teacher, relaxed)
+    n_layers = model.config.num_hidden_layers
+    md = {**settings["mc_dropout"], "last_layers": min(int(settings["mc_dropout"]["last_layers"]), n_layers)}
+    mc = run_mc_dropout(model, tokenizer, spines, candidates, {**settings, "mc_dropout": md})
+    out["diagnostic"] = {"teacher_rows": len(teacher), "entropy_finite": bool(np.isfinite(teacher["entropy"]).all()),
+                         "candidates": len(candidates), "mi_positive": int((mc["mi"] > 0).sum()),
+                         "kappa_finite": int(np.isfinite(mc["kappa"]).sum()), "seconds": round(time.time() - t, 2)}
+    ok = (all(math.isfinite(x) for x in out["train"]["loss"] + out["train"]["grad_norm"])
+          and out["train"]["lora_B_moved"] == out["train"]["lora_B"] and out["train"]["param_devices"] == (["cuda:0"] if cuda else ["cpu"])
+          and out["diagnostic"]["entropy_finite"] and out["diagnostic"]["mi_positive"] == len(candidates) > 0)
+    out["ok"] = bool(ok)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokenizer", required=True, help="the SmolLM2 snapshot folder (tokenizer, chat template, config)")
+    ap.add_argument("--families", nargs="+", default=list(FAMILY_ENTRY))
+    ap.add_argument("--device", default="cuda", help="cuda (the check), or cpu (to try the script)")
+    args = ap.parse_args(argv)
+    failed = 0
+    for family in args.families:
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                result = check(family, args.tokenizer, Path(tmp), args.device)
+            except Exception as exc:  # noqa: BLE001 - one line per family, the others still run
+                import traceback
+
+                traceback.print_exc()
+                result = {"family": family, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(result), flush=True)
+        failed += not result["ok"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
