@@ -57,7 +57,7 @@ GGUF_BYTES = 98_362_432
 # The snapshot's revision: a digest of the converted files (see module doc). Pinned in the
 # rehearsal config (config/rehearsal.yaml); a different conversion (another transformers, gguf or
 # torch) gives another and the rehearsal refuses it by name.
-REVISION = "c90463854fd7b5acd9668faea5feccef4d92edd1"
+REVISION = "1a30ac72638c7a7c3e77713ab9305d32f7da3ff7"
 DTYPE = "bfloat16"
 
 
@@ -153,7 +153,21 @@ def convert(gguf: Path, out: Path, dtype: str = DTYPE) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    drop_call_arguments(out / "tokenizer_config.json")
     return out
+
+
+# Arguments of the loading call that transformers writes into a saved tokenizer_config.json:
+# ``local_files_only`` follows HF_HUB_OFFLINE, so the same conversion gave another revision under
+# the tests (which set it) than from the command line.
+CALL_ARGUMENTS = ("local_files_only", "is_local")
+
+
+def drop_call_arguments(tokenizer_config: Path) -> None:
+    """Remove :data:`CALL_ARGUMENTS` from a saved ``tokenizer_config.json`` (the Hub's has none)."""
+    data = json.loads(tokenizer_config.read_text())
+    tokenizer_config.write_text(json.dumps({k: v for k, v in data.items() if k not in CALL_ARGUMENTS}, indent=2,
+                                           ensure_ascii=False) + "\n")
 
 
 def place_in_cache(folder: Path, cache_dir: Path, hf_id: str = HF_ID) -> str:
