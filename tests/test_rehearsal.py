@@ -18,6 +18,7 @@ import zipfile
 
 import pytest
 import yaml
+from pandas import read_csv
 
 import background
 from conftest import BENCHMARKS, REPO, require_shared, session_tmp
@@ -159,9 +160,11 @@ def test_the_rehearsal_runs_table_2_its_significance_and_the_diagnostic_in_the_p
                 if bench == "arith_oneshot":
                     verdicts |= set(read_parquet(results / f"graded/{MODEL}/{ckpt}/{bench}/seed-{seed}.parquet")["correct"])
     assert verdicts == {True, False}, "the arithmetic set must give both verdicts"
-    table = (results / "tables/main_rehearsal.csv").read_text()
-    print(table)
-    assert "base" in table.lower() and "OPSD" in table and "PW-OPSD" in table
+    table = read_csv(results / "tables/main_rehearsal.csv")
+    assert set(table["checkpoint"]) == {"opsd", "pwopsd_moderate"} and set(table["benchmark"]) >= {"math500", "arith_oneshot"}
+    tex = (results / "tables/main_rehearsal.tex").read_text()
+    assert "\\textsc{OPSD}" in tex and "\\textsc{PW-OPSD} Moderate" in tex and "Arith (1-shot)" in tex
+    print(table[table["metric"].isin(["pass", "avg", "maj"])].to_string())
     print((results / "tables/significance_main_rehearsal.csv").read_text())
     summary = read_json(results / f"diagnostic/{MODEL}/branch_auroc.json")
     print({k: summary["counts"][k] for k in ("problems", "correct_spines", "candidates", "pool_candidates")})
