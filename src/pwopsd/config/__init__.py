@@ -24,7 +24,7 @@ from pwopsd.config.design import (  # noqa: F401
     diagnostic_models, diagnostic_model, fitted_methods, diagnostic_settings, table_comparisons, comparison_runs,
     STEP_MARK, step_checkpoint, split_checkpoint, sweep_steps, sweep_outputs, sweep_checkpoints, checkpoint_seed_names,
 )
-from pwopsd.config.files import load_config, load_config_files, merge_configs, read_yaml_strict  # noqa: F401
+from pwopsd.config.files import load_config, load_config_files, merge_config_files, merge_configs, read_yaml_strict  # noqa: F401
 from pwopsd.config.overrides import flat_items, override_lines, typed_overrides  # noqa: F401
 from pwopsd.config.schema import SCHEMA_PATH, ConfigError, load_schema, schema_defaults  # noqa: F401
 from pwopsd.config.validation import FITTED_PARAMS, validate_config  # noqa: F401

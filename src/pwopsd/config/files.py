@@ -68,9 +68,15 @@ def _replaces_source(key: str, old: dict, new: dict) -> bool:
     return key == "source" and "kind" in new and new["kind"] != old.get("kind")
 
 
-def load_config_files(paths) -> dict:
-    """The validated config of a run with several config files (the workflow's, then overlays)."""
+def merge_config_files(paths) -> dict:
+    """Config files read strictly and merged in order (:func:`merge_configs`), not validated."""
     merged: dict = {}
     for path in paths:
         merged = merge_configs(merged, read_yaml_strict(path) or {})
+    return merged
+
+
+def load_config_files(paths) -> dict:
+    """The validated config of a run with several config files (the workflow's, then overlays)."""
+    merged = merge_config_files(paths)
     return validate_config(merged)
