@@ -173,7 +173,7 @@ def test_every_training_and_method_key_reaches_the_trainer(paper):
         for name in renamed.get(key, [key]):
             assert name in run, f"training.{key} does not reach the trainer"
     method = schema["properties"]["methods"]["additionalProperties"]["properties"]
-    into = {"loss": "method", "params": "loss"}
+    into = {"loss": "method", "params": "loss", "teacher_prompt": "teacher_prompt"}
     # label: display name in tables; schedule_from: the train rule's fitted-schedule input fills the loss
     # params; seeds: the method's runs, each with its own seed (tested below and in test_settings)
     assert set(method) - {"label", "schedule_from", "seeds"} == set(into)

@@ -204,3 +204,30 @@ def test_the_mean_column_is_the_mean_of_the_benchmark_deltas_and_holm_runs_per_m
     for metric in ("avg", "pass"):  # one family per metric
         rows = frame[frame["metric"] == metric]
         np.testing.assert_allclose(rows["p_holm"], holm(rows["p"]))
+
+
+def test_gains_over_base_pair_each_run_with_the_base_model_on_the_mean_of_benchmarks():
+    """Each run alone against the base: the delta is the mean over benchmarks of the per-benchmark
+    paired deltas; with one benchmark it is the paired t-test over problems of the seed means. A run
+    that gained (interval above 0) passes the learning check, one that did not is named."""
+    from pwopsd.report.significance import gains_over_base, learning_problems
+
+    rng = np.random.default_rng(3)
+    summaries, means = [], {}
+    for ckpt, shift in (("base", 0.0), ("good", 0.25), ("flat", 0.0)):
+        for bench, n in (("b1", 30), ("b2", 12)):
+            for seed in ("1", "2", "3"):
+                values = {f"q{i}": float(np.clip(rng.normal(0.4 + shift, 0.1), 0, 1)) for i in range(n)}
+                summaries.append(_summary(ckpt, bench, seed, values))
+                means.setdefault((ckpt, bench), []).append([values[f"q{i}"] for i in range(n)])
+    gains = gains_over_base(summaries, "m", ["good", "flat"], ["b1", "b2"])
+    for run in ("good", "flat"):
+        per_bench = [np.mean(np.mean(means[(run, b)], axis=0) - np.mean(means[("base", b)], axis=0)) for b in ("b1", "b2")]
+        assert gains[run].delta == pytest.approx(100 * np.mean(per_bench), rel=1e-12)
+        assert (gains[run].method_runs, gains[run].baseline_runs, gains[run].eval_seeds) == (1, 1, 3)
+    d = np.mean(means[("good", "b1")], axis=0) - np.mean(means[("base", "b1")], axis=0)
+    one = gains_over_base(summaries, "m", ["good"], ["b1"])["good"]
+    assert one.high - one.delta == pytest.approx(100 * t_quantile(0.975, 29) * d.std(ddof=1) / math.sqrt(30), rel=1e-9)
+    assert gains["good"].low > 0
+    problems = learning_problems(gains)
+    assert len(problems) == 1 and problems[0].startswith("flat: ") and "not above 0" in problems[0]

@@ -3,6 +3,7 @@ tiny configuration runs end to end (model build with its teacher-gap check, data
 with a rerun doing no work."""
 
 import json
+from pathlib import Path
 import re
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 import yaml
 
 import background
-from conftest import REPO, run_snakemake, session_tmp
+from conftest import REPO, copy_tiny_inputs, run_snakemake, session_tmp, tiny_workdir
 from pwopsd.cost import parse_dry_run
 from pwopsd.io import read_parquet_metadata
 
@@ -184,49 +185,136 @@ def test_tiny_run_builds_a_model_with_a_teacher_gap(tiny_run):
     assert (workdir / "results/models/tiny_qwen3/base/model.safetensors").exists()
 
 
-@background.part("tiny build on a second kernel path", after=("tiny model",))
-def _second_kernel_path_build():
-    """The tiny model built again with torch's kernels forced to another path than this host's
-    (AVX2 on an AVX512 host, the plain path on an AVX2 one), after the tiny run's own build: the
-    rounding of another kind of CPU, on this one."""
+@background.part("tiny build on one thread", after=("tiny model",))
+def _one_thread_build():
+    """The tiny model built again on one thread (the tiny run's build has two), after the tiny run's
+    own build, with no ATEN_CPU_CAPABILITY in the environment: the config's pinned kernel path
+    must give the same bits."""
 
     def run():
-        import torch
-
-        other = "avx2" if torch.backends.cpu.get_cpu_capability() == "AVX512" else "default"
-        work = session_tmp("tiny_second_path")
+        work = session_tmp("tiny_one_thread")
         shutil.copytree(REPO / "tiny" / "config", work / "config")
         # One thread: it runs beside the tiny run, the vLLM and the Slurm parts, and a 2-thread OpenMP
         # team on 2 oversubscribed cores spends its time at barriers (a 2-thread build took 41 min
         # in a full run on the Zen 1 host).
         proc = run_snakemake(["--cores", "1", "--directory", str(work), "results/models/tiny_qwen3/base.json",
-                              "--config", "tiny={threads: 1}"], env={"ATEN_CPU_CAPABILITY": other}, check=False)
-        return work, proc, other
+                              "--config", "tiny={threads: 1}"], env={"ATEN_CPU_CAPABILITY": ""}, check=False)
+        return work, proc
 
     return run
 
 
 @pytest.fixture(scope="module")
-def second_kernel_path_build():
-    return background.result("tiny build on a second kernel path")
+def one_thread_build():
+    return background.result("tiny build on one thread")
 
 
 @pytest.mark.workflow
-def test_the_tiny_build_passes_its_check_on_a_second_kernel_path(tiny_run, second_kernel_path_build):
-    """Two of torch's CPU kernel paths on the CI host: the tiny run's (the host's own) and another
-    forced with ATEN_CPU_CAPABILITY. Each stops at its own step with a model inside the targets,
-    margin included."""
+def test_the_tiny_build_is_bit_identical_on_one_thread(tiny_run, one_thread_build):
+    """Tiny mode pins torch's CPU kernel path (cpu_kernel_path: avx2): the build on one thread,
+    started without ATEN_CPU_CAPABILITY, stops at the same step with the same weights, bit for bit,
+    as the tiny run's two-thread build, and both record the pinned path."""
     workdir, _ = tiny_run
-    work, proc, other = second_kernel_path_build
+    work, proc = one_thread_build
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     reports = [json.loads((w / "results/models/tiny_qwen3/build_report.json").read_text()) for w in (workdir, work)]
-    cfg = yaml.safe_load((work / "config/config.yaml").read_text())["tiny"]
-    for report in reports:
-        _assert_ready_with_margin(report, cfg)
-    assert reports[1]["cpu_capability"] == {"avx2": "AVX2", "default": "DEFAULT"}[other] != reports[0]["cpu_capability"]
-    print("kernel paths: " + "; ".join(f"{r['cpu_capability']}: {r['pretraining_steps']} steps, "
-                                       + ", ".join(f"{k} {v['mean']:.1%}" for k, v in r["dev_accuracy"].items())
-                                       for r in reports))
+    manifests = [json.loads((w / "results/models/tiny_qwen3/base.json").read_text()) for w in (workdir, work)]
+    assert [r["settings"]["threads"] for r in reports] == [2, 1]
+    assert {r["cpu_capability"] for r in reports} == {"AVX2"}
+    assert reports[0]["dev_checks"] == reports[1]["dev_checks"]
+    assert manifests[0]["content_sha256"] == manifests[1]["content_sha256"]
+
+
+def _metric_summaries(workdir: Path, checkpoints) -> list[dict]:
+    return [json.loads(f.read_text()) for c in checkpoints
+            for f in sorted((workdir / "results/metrics/tiny_qwen3" / c).glob("*/seed-*.json"))]
+
+
+def _learning_gains(summaries: list[dict], runs: list[str]) -> dict:
+    from pwopsd.report.significance import gains_over_base
+
+    benchmarks = sorted({s["benchmark"] for s in summaries})
+    gains = gains_over_base(summaries, "tiny_qwen3", runs, benchmarks)
+    print("Avg@12 over the base model, mean of the benchmarks, 95% interval: "
+          + "; ".join(f"{r} {c.delta:+.2f} [{c.low:+.2f}, {c.high:+.2f}]" for r, c in gains.items()))
+    return gains
+
+
+@pytest.mark.workflow
+def test_self_distillation_beats_the_base_model(tiny_run):
+    """Tiny mode is a toy in which the method works: every training run of OPSD and PW-OPSD
+    Moderate (two training seeds each) beats the base model it started from, with a paired 95%
+    interval over problems that excludes 0 (Avg@12, mean of the four benchmarks). The same check
+    fails for a broken training (the next test)."""
+    from pwopsd.config import load_config
+    from pwopsd.config.design import method_runs
+    from pwopsd.report.significance import learning_problems
+
+    workdir, _ = tiny_run
+    cfg = load_config(workdir / "config/config.yaml")
+    runs = method_runs(cfg, "opsd") + method_runs(cfg, "pwopsd_moderate")
+    assert len(runs) == 4
+    gains = _learning_gains(_metric_summaries(workdir, ["base", *runs]), runs)
+    assert not learning_problems(gains)
+
+
+BROKEN_METHODS = {"opsd_no_solution": {"loss": "opsd", "teacher_prompt": "no_solution", "label": "OPSD, no solution"},
+                  "opsd_teacher_student": {"loss": "opsd", "teacher_prompt": "student", "label": "OPSD, teacher = student"}}
+
+
+@background.part("broken trainings", after=("tiny model",))
+def _broken_trainings():
+    """OPSD trained twice more from the tiny run's model, broken on purpose: the teacher prompt
+    without the privileged solution, and the student's own prompt (teacher = student); each merged,
+    evaluated and graded like the tiny run's checkpoints."""
+
+    def run():
+        work = session_tmp("tiny_broken")
+        shutil.copytree(REPO / "tiny" / "config", work / "config")
+        copy_tiny_inputs(tiny_workdir(), work)
+        (work / "config" / "broken.yaml").write_text(yaml.safe_dump({"methods": BROKEN_METHODS}))
+        targets = [f"results/metrics/tiny_qwen3/{m}/{b}/seed-{s}.json" for m in BROKEN_METHODS
+                   for b in ("arith_l1", "arith_l2", "arith_l3", "arith_l3_wide") for s in ("main", "1", "2")]
+        proc = run_snakemake(["--cores", "1", "--directory", str(work), *targets, "--configfile", "config/broken.yaml"],
+                             check=False)
+        return work, proc
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def broken_trainings():
+    return background.result("broken trainings")
+
+
+@pytest.mark.workflow
+def test_a_broken_training_does_not_beat_the_base_model(tiny_run, broken_trainings):
+    """The learning check above, run on two broken trainings: it must fail for both (no interval
+    above 0). Teacher = student has nothing to teach (its first gradient is exactly 0); the teacher
+    without the privileged solution knows nothing the student does not."""
+    from pwopsd.report.significance import learning_problems
+
+    workdir, _ = tiny_run
+    work, proc = broken_trainings
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    summaries = _metric_summaries(workdir, ["base"]) + _metric_summaries(work, list(BROKEN_METHODS))
+    gains = _learning_gains(summaries, list(BROKEN_METHODS))
+    problems = learning_problems(gains)
+    assert [line.split(":")[0] for line in problems] == list(BROKEN_METHODS), problems
+
+
+@pytest.mark.workflow
+def test_tiny_results_equal_the_committed_digest(tiny_run):
+    """Every number of the tiny run (each table's values, the data behind each figure, the build)
+    equals tiny/digest.json, bit for bit: tiny mode pins its CPU kernel path, so every host gives
+    these digits. A change that moves a number updates the digest in the same commit."""
+    from pwopsd.report.digest import collect, compare, read_digest
+
+    workdir, _ = tiny_run
+    moved = compare(read_digest(REPO / "tiny" / "digest.json"), collect(workdir / "results"))
+    assert not moved, ("the tiny run's numbers differ from tiny/digest.json; if the change is meant, update it with\n"
+                       "  .venv/bin/snakemake --directory tiny && .venv/bin/python -m pwopsd.report.digest tiny/results "
+                       "--update tiny/digest.json\n" + "\n".join(moved))
 
 
 @pytest.mark.workflow

@@ -124,10 +124,66 @@ def cpu_capability() -> str | None:
     return None if torch is None else torch.backends.cpu.get_cpu_capability()
 
 
+# torch's CPU kernel paths on x86-64 and the CPU flags each needs (ATen's cpuinfo checks:
+# AVX2 = AVX2 + FMA; AVX512 = AVX512 F, BW, VL, DQ + FMA). `default` runs anywhere.
+KERNEL_PATH_FLAGS = {
+    "default": (),
+    "avx2": ("avx2", "fma"),
+    "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"),
+}
+KERNEL_PATH_ENV = "ATEN_CPU_CAPABILITY"
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    """The CPU's feature flags (the first ``flags`` line of ``/proc/cpuinfo``; empty where there is
+    none, e.g. on a non-x86 or non-Linux host)."""
+    try:
+        with open(cpuinfo) as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def pin_kernel_path(requested: str, environ=os.environ, flags: set[str] | None = None) -> tuple[str | None, str | None]:
+    """Pin torch's CPU kernel path for every job of a run (config ``cpu_kernel_path``) by setting
+    ``ATEN_CPU_CAPABILITY`` in ``environ``, which the jobs inherit (also through sbatch, which
+    exports the submitting environment). Torch's float results follow the kernel path and nothing
+    else (not the CPU model, not the thread count), so a pinned path gives the same numbers on
+    every host that can take it. Reads no torch (the Snakefile calls it on every start).
+
+    Returns ``(path in force or None when torch picks its own, a line to tell the user or None)``:
+    ``host`` pins nothing; an ``ATEN_CPU_CAPABILITY`` already set in the environment is kept (that
+    is how a test or a user forces another path); a host that lacks the path's CPU flags runs
+    with torch's own choice, and the line says its numbers will differ."""
+    current = environ.get(KERNEL_PATH_ENV)
+    if requested == "host":
+        return current or None, None
+    if requested not in KERNEL_PATH_FLAGS:
+        raise ValueError(f"cpu_kernel_path must be one of host, {', '.join(KERNEL_PATH_FLAGS)}; got {requested!r}")
+    if current:
+        if current.lower() == requested:
+            return requested, None
+        return current, (f"{KERNEL_PATH_ENV}={current} from the environment overrides cpu_kernel_path={requested}: "
+                         "CPU results follow the kernel path, so they will differ from the pinned path's")
+    flags = cpu_flags() if flags is None else flags
+    missing = [f for f in KERNEL_PATH_FLAGS[requested] if f not in flags]
+    if missing:
+        return None, (f"this CPU cannot take the {requested} kernel path of cpu_kernel_path (it lacks "
+                      f"{', '.join(missing)}): torch picks its own, and CPU results (tiny mode's tables) "
+                      "will differ from the pinned path's (the README's and tiny/digest.json)")
+    environ[KERNEL_PATH_ENV] = requested
+    return requested, None
+
+
 def provenance(manifest: dict | None = None, **extra) -> dict:
-    """The provenance block of a result file: package versions, the model id and revision, plus
-    whatever settings produced it (``extra``)."""
-    out = {"versions": versions(), "cpu_capability": cpu_capability(), **extra}
+    """The provenance block of a result file: package versions, the CPU kernel path (torch's in a
+    process that used torch; the run's pinned one in every process), the model id and revision,
+    plus whatever settings produced it (``extra``)."""
+    out = {"versions": versions(), "cpu_capability": cpu_capability(),
+           "pinned_kernel_path": os.environ.get(KERNEL_PATH_ENV) or None, **extra}
     if manifest is not None:
         out.update(model_path=manifest.get("path"), hf_id=manifest.get("hf_id"), revision=manifest.get("revision"))
     return out

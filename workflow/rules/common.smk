@@ -45,6 +45,14 @@ except cfgmod.ConfigError as exc:
 config.clear()
 config.update(_validated)
 
+# One CPU kernel path for every job (config cpu_kernel_path; tiny mode: avx2), so that CPU results
+# are the same on every host that can take it. Jobs inherit the variable, Slurm jobs too.
+from pwopsd.runtime import pin_kernel_path
+
+KERNEL_PATH, _kernel_note = pin_kernel_path(config["cpu_kernel_path"])
+if _kernel_note:
+    logger.warning(_kernel_note)
+
 # A run with the Slurm profile (--profile slurm): stop on the profile's CHANGE_ME placeholders before
 # any job, but let a run that submits nothing (-n, --dag, --rulegraph, --summary, ...) show its plan
 # with one warning; give jobs the threads the profile grants (not this login node's core count,

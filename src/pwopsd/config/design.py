@@ -238,6 +238,7 @@ def training_config(cfg: dict, model: str, run: str) -> dict:
         "rollout_engine": rollout_engine_settings(cfg, model) if tr["rollout_backend"] == "vllm" else {},
         "rollout_policy": tr["rollout_policy"],
         "deterministic": tr["deterministic"],
+        "teacher_prompt": meth["teacher_prompt"],
     }
 
 

@@ -324,3 +324,21 @@ def significance_frame(summaries: Sequence[dict], comparisons: Sequence[tuple[st
     for metric, idx in frame.groupby("metric").groups.items():
         frame.loc[idx, "p_holm"] = holm(frame.loc[idx, "p"].to_numpy())
     return frame
+
+
+def gains_over_base(summaries: Sequence[dict], model: str, runs: Sequence[str], benchmarks: Sequence[str], *,
+                    metric: str = "avg", base: str = "base", level: float = 0.95) -> dict[str, Comparison]:
+    """Each training run against the model it started from, one run at a time (``run − base`` on
+    the mean over ``benchmarks``, paired over problems with the eval seeds averaged within each
+    problem: :func:`compare_strata`). Tiny mode's learning test asks every run of OPSD and
+    PW-OPSD for an interval above 0, and a broken training (no privileged solution, or teacher =
+    student) for none."""
+    return {run: compare_strata([(run_scores(summaries, model, [run], b, metric), run_scores(summaries, model, [base], b, metric))
+                                 for b in benchmarks], level=level)
+            for run in runs}
+
+
+def learning_problems(gains: dict[str, Comparison]) -> list[str]:
+    """The runs whose interval does not lie above 0, as readable lines (empty: every run learned)."""
+    return [f"{run}: {c.delta:+.2f} points over the base model, {c.low:+.2f} to {c.high:+.2f} (p = {c.p_value:.3g}): "
+            "not above 0" for run, c in gains.items() if not c.low > 0]

@@ -70,6 +70,9 @@ class TinyBuildConfig:
     teacher_fraction: float = 0.4
     teacher_hard_fraction: float = 0.5
     teacher_hard_max_operand: int = 99
+    teacher_detour_fraction: float = 0.0  # teacher examples whose response takes a detour (see format_example)
+    slip_rate: float = 0.0  # per step, the model's own computation slips (see sample_pretraining_example)
+    shortcut_rate: float = 0.0  # student and eval examples that skip the steps (the boxed answer alone)
     reference_solution: str = "worked"  # what the privileged prompt quotes: worked | answer
     dev_seed: int = 99_991
     dev_per_level: int = 100
@@ -99,27 +102,101 @@ def response_text(p: ArithmeticProblem, thinking: bool) -> str:
     return p.worked_solution
 
 
-def format_example(tokenizer, p: ArithmeticProblem, fmt: str, style: str = "worked") -> tuple[str, str]:
-    """(rendered prompt, response text incl. EOS) for one problem in one prompt format."""
+SLIP_OFFSETS = (-3, -2, -1, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class Slips:
+    """Where a pretraining response's computation goes wrong: ``offsets[k]`` is added to step
+    ``k``'s result (0: right), and every later step computes on from the value written; ``masked``
+    is the step whose wrong result pretraining does not train on (a teacher's detour), or None."""
+
+    offsets: tuple[int, ...]
+    masked: int | None = None
+    shortcut: bool = False  # the response skips the steps: the boxed answer alone
+
+
+def slipped_steps(p: ArithmeticProblem, slips: Slips) -> tuple[list[str], int, tuple[int, int] | None]:
+    """The worked steps of ``p`` with ``slips``: the lines, the final value written and the
+    character span (in ``"\\n".join(lines)``) of the masked step's result, if any."""
+    lines, value, span = [], p.operands[0], None
+    for k, (op, x) in enumerate(zip(p.ops, p.operands[1:])):
+        new = (value + x if op == "+" else value - x) + slips.offsets[k]
+        head = f"{value} {op} {x} = "
+        if k == slips.masked:
+            start = sum(len(line) + 1 for line in lines) + len(head)
+            span = (start, start + len(str(new)))
+        lines.append(f"{head}{new}")
+        value = new
+    return lines, value, span
+
+
+def format_example(tokenizer, p: ArithmeticProblem, fmt: str, style: str = "worked",
+                   slips: Slips | None = None) -> tuple[str, str] | tuple[str, str, tuple[int, int]]:
+    """(rendered prompt, response text incl. EOS) for one problem in one prompt format.
+
+    ``slips`` (:class:`Slips`): the response's steps go wrong there and compute on from the wrong
+    values, the boxed answer being the last value written (the slip rate of the toy's own
+    computation, ``tiny.slip_rate``). With a masked step (a teacher's detour,
+    ``tiny.teacher_detour_fraction``) a third element is returned, that result's character span in
+    the response, which pretraining does not train on: so the privileged teacher copies the quoted
+    solution while the response agrees with it and, once a response has left it, computes on from
+    where the response is, as the student would (slips included), instead of copying numbers that
+    contradict the response."""
     if fmt == "student":
         prompt = prompts.render(tokenizer, prompts.student_message(p.problem), prompts.STUDENT)
-        return prompt, response_text(p, thinking=False) + IM_END
-    if fmt == "eval":
+    elif fmt == "eval":
         prompt = prompts.render(tokenizer, prompts.eval_message(p.problem), prompts.EVAL)
-        return prompt, response_text(p, thinking=True) + IM_END
-    if fmt == "teacher":
+    elif fmt == "teacher":
         prompt = prompts.render(tokenizer, prompts.teacher_message(p.problem, p.reference_solution(style)), prompts.TEACHER)
-        return prompt, response_text(p, thinking=False) + IM_END
-    raise ValueError(f"unknown prompt format {fmt!r}")
+    else:
+        raise ValueError(f"unknown prompt format {fmt!r}")
+    if slips is None:
+        return prompt, response_text(p, thinking=fmt == "eval") + IM_END
+    if slips.shortcut:
+        think = f"{THINK}\n{END_THINK}\n\n" if fmt == "eval" else ""
+        return prompt, f"{think}The answer is \\boxed{{{p.answer}}}." + IM_END
+    lines, value, span = slipped_steps(p, slips)
+    steps = "\n".join(lines)
+    if fmt == "eval":
+        response = f"{THINK}\n{steps}\n{END_THINK}\n\nThe answer is \\boxed{{{value}}}."
+        span = None if span is None else (span[0] + len(THINK) + 1, span[1] + len(THINK) + 1)
+    else:
+        response = f"{steps}\nThe answer is \\boxed{{{value}}}."
+    return (prompt, response + IM_END) if span is None else (prompt, response + IM_END, span)
 
 
-def sample_pretraining_example(rng: np.random.Generator, cfg: TinyBuildConfig) -> tuple[ArithmeticProblem, str]:
+def _slip_offsets(rng: np.random.Generator, level: int, rate: float, first: int = 0) -> list[int]:
+    """Per-step slips from step ``first`` on: each step's result is off by one of
+    :data:`SLIP_OFFSETS` with probability ``rate``."""
+    offsets = [0] * level
+    if rate > 0:
+        for k in range(first, level):
+            if rng.random() < rate:
+                offsets[k] = int(rng.choice(SLIP_OFFSETS))
+    return offsets
+
+
+def sample_pretraining_example(rng: np.random.Generator, cfg: TinyBuildConfig) -> tuple[ArithmeticProblem, str, Slips | None]:
+    """(problem, prompt format, slips or None) of one pretraining example. The model's own
+    computation slips at ``slip_rate`` a step (student and evaluation formats; a teacher after its
+    detour); the privileged teacher copying the quoted solution does not."""
     level = int(rng.choice(cfg.levels))
     if rng.random() < cfg.teacher_fraction:
         hard = rng.random() < cfg.teacher_hard_fraction
-        return sample_problem(rng, level, cfg.teacher_hard_max_operand if hard else cfg.max_operand), "teacher"
+        p = sample_problem(rng, level, cfg.teacher_hard_max_operand if hard else cfg.max_operand)
+        if not hard and cfg.teacher_detour_fraction > 0 and rng.random() < cfg.teacher_detour_fraction:
+            step = int(rng.integers(0, level))
+            offsets = _slip_offsets(rng, level, cfg.slip_rate, first=step + 1)
+            offsets[step] = int(rng.choice(SLIP_OFFSETS))
+            return p, "teacher", Slips(tuple(offsets), masked=step)
+        return p, "teacher", None
     fmt = "student" if rng.random() < 0.5 else "eval"
-    return sample_problem(rng, level, cfg.max_operand), fmt
+    p = sample_problem(rng, level, cfg.max_operand)
+    if cfg.shortcut_rate > 0 and rng.random() < cfg.shortcut_rate:
+        return p, fmt, Slips((0,) * level, shortcut=True)
+    offsets = _slip_offsets(rng, level, cfg.slip_rate)
+    return p, fmt, Slips(tuple(offsets)) if any(offsets) else None
 
 
 def tokenizer_corpus(cfg: TinyBuildConfig, n: int = 3000) -> list[str]:
@@ -127,7 +204,7 @@ def tokenizer_corpus(cfg: TinyBuildConfig, n: int = 3000) -> list[str]:
     rng = np.random.default_rng(cfg.seed + 1)
     texts = []
     for _ in range(n):
-        p, fmt = sample_pretraining_example(rng, cfg)
+        p, fmt, _ = sample_pretraining_example(rng, cfg)
         if fmt == "teacher":
             texts.append(prompts.teacher_message(p.problem, p.reference_solution(cfg.reference_solution)))
         elif fmt == "eval":
@@ -172,16 +249,24 @@ def build_model(cfg: TinyBuildConfig, tokenizer):
     return model
 
 
-def collate(tokenizer, pairs: list[tuple[str, str]]) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
-    """Right-padded input ids, attention mask and labels (-100 on prompt and padding)."""
+def untrained_tokens(tokenizer, response: str, span: tuple[int, int]) -> set[int]:
+    """Indices of the response's tokens that overlap the character span ``span``."""
+    enc = tokenizer(response, add_special_tokens=False, return_offsets_mapping=True)
+    return {i for i, (a, b) in enumerate(enc["offset_mapping"]) if a < span[1] and b > span[0]}
+
+
+def collate(tokenizer, pairs: list[tuple]) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
+    """Right-padded input ids, attention mask and labels (-100 on prompt and padding, and on the
+    tokens of a third element's character span of the response: a teacher detour's masked slip)."""
     import torch
 
     seqs, labels = [], []
-    for prompt, response in pairs:
+    for prompt, response, *span in pairs:
         p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         r = tokenizer(response, add_special_tokens=False)["input_ids"]
+        skip = untrained_tokens(tokenizer, response, span[0]) if span else set()
         seqs.append(p + r)
-        labels.append([-100] * len(p) + r)
+        labels.append([-100] * len(p) + [-100 if i in skip else t for i, t in enumerate(r)])
     width = max(len(s) for s in seqs)
     pad = tokenizer.pad_token_id
     ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
@@ -248,7 +333,8 @@ def pretrain(model, tokenizer, cfg: TinyBuildConfig, log_every: int = 50) -> Pre
         opt.zero_grad(set_to_none=True)
         # Teacher prompts are ~3x longer than student ones: two length buckets waste less padding.
         buckets = [[b for b in batch if b[1] == "teacher"], [b for b in batch if b[1] != "teacher"]]
-        encoded = [collate(tokenizer, [format_example(tokenizer, p, fmt, cfg.reference_solution) for p, fmt in bk]) for bk in buckets if bk]
+        encoded = [collate(tokenizer, [format_example(tokenizer, p, fmt, cfg.reference_solution, slips) for p, fmt, slips in bk])
+                   for bk in buckets if bk]
         n_tokens = sum(int((lab[:, 1:] != -100).sum()) for _, _, lab in encoded)
         loss = 0.0
         for ids, attn, labels in encoded:

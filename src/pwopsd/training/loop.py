@@ -85,6 +85,7 @@ class TrainConfig:
     rollout_engine: dict  # the vLLM rollout engine's settings ({} for hf)
     rollout_policy: str  # adapter (base + current LoRA, exactly on-policy) | merged_bf16 (the reference's)
     deterministic: bool  # deterministic GPU kernels (set_determinism); part of the run key: it changes GPU numerics
+    teacher_prompt: str  # privileged (the paper) | no_solution | student: ablations, see teacher_message_for
 
     @property
     def last_step(self) -> int:
@@ -95,6 +96,22 @@ class TrainConfig:
     def rank_batch(self) -> int:
         """Problems per optimizer step on one process."""
         return self.per_device_batch_size * self.gradient_accumulation_steps
+
+
+TEACHER_PROMPTS = ("privileged", "no_solution", "student")
+
+
+def teacher_message_for(example, teacher_prompt: str) -> str:
+    """The teacher's user message of a training example (``methods.<m>.teacher_prompt``):
+    ``privileged``, the paper's, quotes the reference solution; ``no_solution`` is the same template
+    with the solution left empty (the teacher knows nothing the student does not); ``student``
+    (handled by the trainer) is the student's own prompt, so teacher = student. The last two are
+    ablations: without the privileged solution, self-distillation has nothing to teach."""
+    if teacher_prompt == "privileged":
+        return prompts.teacher_message(example.problem, example.solution)
+    if teacher_prompt == "no_solution":
+        return prompts.teacher_message(example.problem, "")
+    raise ValueError(f"teacher_prompt must be one of {', '.join(TEACHER_PROMPTS)}; got {teacher_prompt!r}")
 
 
 def dist_info() -> tuple[int, int]:
@@ -313,9 +330,9 @@ class Trainer:
         self.student_ids = PromptIds(lambda e: prompts.prompt_ids(
             tokenizer, prompts.student_message(e.problem), prompts.STUDENT, think_closure=think_closure,
             add_special_tokens=add_special_tokens), examples)
-        self.teacher_ids = PromptIds(lambda e: prompts.prompt_ids(
-            tokenizer, prompts.teacher_message(e.problem, e.solution), prompts.TEACHER,
-            add_special_tokens=add_special_tokens), examples)
+        self.teacher_ids = (self.student_ids if cfg.teacher_prompt == "student" else PromptIds(lambda e: prompts.prompt_ids(
+            tokenizer, teacher_message_for(e, cfg.teacher_prompt), prompts.TEACHER,
+            add_special_tokens=add_special_tokens), examples))
         self.device = next(self.model.parameters()).device
         # The rollout engine (pwopsd.generation.rollout): by default the live model; the train job
         # passes a colocated vLLM one (training.rollout_backend: vllm, made by make_rollouts).

@@ -1,0 +1,59 @@
+"""Pinning torch's CPU kernel path for a run (config ``cpu_kernel_path``, pwopsd.runtime.pin_kernel_path)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from pwopsd.runtime import cpu_flags, pin_kernel_path, provenance
+
+ZEN3 = {"sse2", "avx", "avx2", "fma", "sha_ni"}
+ZEN5 = ZEN3 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}
+
+
+def test_a_host_that_can_take_the_path_gets_it_in_the_jobs_environment():
+    env = {}
+    assert pin_kernel_path("avx2", env, ZEN5) == ("avx2", None)
+    assert env == {"ATEN_CPU_CAPABILITY": "avx2"}
+    env = {}
+    assert pin_kernel_path("default", env, set()) == ("default", None)  # runs anywhere
+    assert env == {"ATEN_CPU_CAPABILITY": "default"}
+
+
+def test_a_host_without_the_path_runs_on_its_own_and_says_its_numbers_differ():
+    env = {}
+    path, note = pin_kernel_path("avx512", env, ZEN3)
+    assert path is None and env == {}
+    assert "avx512f" in note and "avx512bw" in note and "fma" not in note and "will differ" in note
+    path, note = pin_kernel_path("avx2", env, set())  # e.g. an ARM host: no x86 flags at all
+    assert path is None and "avx2, fma" in note
+
+
+def test_the_environment_wins_and_host_pins_nothing():
+    env = {"ATEN_CPU_CAPABILITY": "default"}
+    path, note = pin_kernel_path("avx2", env, ZEN5)
+    assert path == "default" and env["ATEN_CPU_CAPABILITY"] == "default" and "overrides cpu_kernel_path=avx2" in note
+    assert pin_kernel_path("avx2", {"ATEN_CPU_CAPABILITY": "AVX2"}, ZEN5) == ("avx2", None)
+    env = {}
+    assert pin_kernel_path("host", env, ZEN5) == (None, None) and env == {}
+    with pytest.raises(ValueError, match="cpu_kernel_path must be one of"):
+        pin_kernel_path("sse4", {}, ZEN5)
+
+
+def test_cpu_flags_reads_the_first_flags_line(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\nprocessor\t: 1\nflags\t\t: fpu\n")
+    assert cpu_flags(str(info)) == {"fpu", "avx2", "fma"}
+    assert cpu_flags(str(tmp_path / "missing")) == set()
+
+
+def test_torch_takes_the_pinned_path_and_provenance_records_it():
+    """The variable set before torch starts decides its path (the jobs inherit it), and every
+    result's provenance names the pinned path, also in a process that never imported torch."""
+    code = ("import os, sys; from pwopsd.runtime import pin_kernel_path, provenance; "
+            "pin_kernel_path('default', os.environ); print(provenance()['pinned_kernel_path'], 'torch' in sys.modules); "
+            "import torch; print(torch.backends.cpu.get_cpu_capability())")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout.split()
+    assert out == ["default", "False", "DEFAULT"]
+    assert "pinned_kernel_path" in provenance()
