@@ -173,14 +173,18 @@ def test_every_training_and_method_key_reaches_the_trainer(paper):
         for name in renamed.get(key, [key]):
             assert name in run, f"training.{key} does not reach the trainer"
     method = schema["properties"]["methods"]["additionalProperties"]["properties"]
-    into = {"loss": "method", "params": "loss", "teacher_prompt": "teacher_prompt"}
+    into = {"loss": "method", "params": "loss"}
     # label: display name in tables; schedule_from: the train rule's fitted-schedule input fills the loss
     # params; seeds: the method's runs, each with its own seed (tested below and in test_settings)
-    assert set(method) - {"label", "schedule_from", "seeds"} == set(into)
+    assert set(method) - {"label", "schedule_from", "seeds", "teacher_prompt"} == set(into)
     assert training_config(cfg, "qwen3_4b", "pwopsd_fitted")["loss"] == {"reduction": "per_sequence"}  # no hand-picked w_min/tau/s
     assert all(into[k] in run for k in into)
-    assert {f.name for f in fields(TrainConfig)} == set(run)  # every trainer setting comes from the config
-    assert all(f.default is MISSING and f.default_factory is MISSING for f in fields(TrainConfig))  # no second default
+    # every trainer setting comes from the config; teacher_prompt only for an ablation (its default is the paper's)
+    assert {f.name for f in fields(TrainConfig)} == set(run) | {"teacher_prompt"}
+    assert [f.name for f in fields(TrainConfig) if f.default is not MISSING] == ["teacher_prompt"]
+    ablation = validate_config({**paper, "methods": {**paper["methods"], "x": {"loss": "opsd", "teacher_prompt": "student"}}})
+    assert training_config(ablation, "qwen3_4b", "x")["teacher_prompt"] == "student"
+    assert all(f.default_factory is MISSING for f in fields(TrainConfig))  # no second default
     tweaked = copy.deepcopy(cfg)
     tweaked["training"].update(chunk_size=7, rollout_batch_size=9)
     tweaked["methods"]["reopold"]["params"]["t_switch"] = 3

@@ -1,5 +1,6 @@
 """Pinning torch's CPU kernel path for a run (config ``cpu_kernel_path``, pwopsd.runtime.pin_kernel_path)."""
 
+import os
 import subprocess
 import sys
 
@@ -9,15 +10,21 @@ from pwopsd.runtime import cpu_flags, pin_kernel_path, provenance
 
 ZEN3 = {"sse2", "avx", "avx2", "fma", "sha_ni"}
 ZEN5 = ZEN3 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def test_a_host_that_can_take_the_path_gets_it_in_the_jobs_environment():
+    """ATen's path and MKL's and oneDNN's instruction sets, so that an AVX512 host's matrix products
+    round as an AVX2 host's do."""
     env = {}
     assert pin_kernel_path("avx2", env, ZEN5) == ("avx2", None)
-    assert env == {"ATEN_CPU_CAPABILITY": "avx2"}
+    assert env == AVX2_ENV
     env = {}
     assert pin_kernel_path("default", env, set()) == ("default", None)  # runs anywhere
-    assert env == {"ATEN_CPU_CAPABILITY": "default"}
+    assert env["ATEN_CPU_CAPABILITY"] == "default" and env["MKL_CBWR"] == "COMPATIBLE"
+    env = {"MKL_CBWR": "AUTO"}  # a user's own MKL setting is kept
+    pin_kernel_path("avx2", env, ZEN3)
+    assert env["MKL_CBWR"] == "AUTO" and env["ATEN_CPU_CAPABILITY"] == "avx2"
 
 
 def test_a_host_without_the_path_runs_on_its_own_and_says_its_numbers_differ():
@@ -29,13 +36,23 @@ def test_a_host_without_the_path_runs_on_its_own_and_says_its_numbers_differ():
     assert path is None and "avx2, fma" in note
 
 
-def test_the_environment_wins_and_host_pins_nothing():
+def test_a_path_in_the_environment_is_kept_checked_and_said():
+    """A Slurm job inherits the submitting host's pin: its node checks it again. A user's or a
+    test's forced path wins over the config, with a warning."""
+    env = dict(AVX2_ENV)
+    assert pin_kernel_path("avx2", env, ZEN5) == ("avx2", None) and env == AVX2_ENV
     env = {"ATEN_CPU_CAPABILITY": "default"}
     path, note = pin_kernel_path("avx2", env, ZEN5)
-    assert path == "default" and env["ATEN_CPU_CAPABILITY"] == "default" and "overrides cpu_kernel_path=avx2" in note
-    assert pin_kernel_path("avx2", {"ATEN_CPU_CAPABILITY": "AVX2"}, ZEN5) == ("avx2", None)
+    assert path == "default" and env == {"ATEN_CPU_CAPABILITY": "default"} and "overrides cpu_kernel_path=avx2" in note
+    env = dict(AVX2_ENV)  # inherited by a node without AVX2: removed, torch picks its own
+    path, note = pin_kernel_path("avx2", env, {"sse2"})
+    assert path is None and env == {} and "lacks avx2, fma" in note
+    env = {"ATEN_CPU_CAPABILITY": "AVX2"}  # torch ignores upper case
+    path, note = pin_kernel_path("avx2", env, ZEN5)
+    assert path is None and env == {} and "not a kernel path torch knows" in note
     env = {}
     assert pin_kernel_path("host", env, ZEN5) == (None, None) and env == {}
+    assert pin_kernel_path("host", {"ATEN_CPU_CAPABILITY": "avx2"}, ZEN5) == ("avx2", None)
     with pytest.raises(ValueError, match="cpu_kernel_path must be one of"):
         pin_kernel_path("sse4", {}, ZEN5)
 
@@ -48,12 +65,13 @@ def test_cpu_flags_reads_the_first_flags_line(tmp_path):
 
 
 def test_torch_takes_the_pinned_path_and_provenance_records_it():
-    """The variable set before torch starts decides its path (the jobs inherit it), and every
+    """The variables set before torch starts decide its path (the jobs inherit them), and every
     result's provenance names the pinned path, also in a process that never imported torch."""
     code = ("import os, sys; from pwopsd.runtime import pin_kernel_path, provenance; "
-            "pin_kernel_path('default', os.environ); print(provenance()['pinned_kernel_path'], 'torch' in sys.modules); "
+            "pin_kernel_path('default', os.environ); p = provenance(); "
+            "print(p['pinned_kernel_path'], p['mkl_cbwr'], p['cpu_capability'], 'torch' in sys.modules); "
             "import torch; print(torch.backends.cpu.get_cpu_capability())")
-    env = {k: v for k, v in __import__("os").environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout.split()
-    assert out == ["default", "False", "DEFAULT"]
-    assert "pinned_kernel_path" in provenance()
+    assert out == ["default", "COMPATIBLE", "None", "False", "DEFAULT"]
+    assert {"pinned_kernel_path", "mkl_cbwr", "cpu_capability"} <= set(provenance())

@@ -220,7 +220,7 @@ def test_the_tiny_build_is_bit_identical_on_one_thread(tiny_run, one_thread_buil
     reports = [json.loads((w / "results/models/tiny_qwen3/build_report.json").read_text()) for w in (workdir, work)]
     manifests = [json.loads((w / "results/models/tiny_qwen3/base.json").read_text()) for w in (workdir, work)]
     assert [r["settings"]["threads"] for r in reports] == [2, 1]
-    assert {r["cpu_capability"] for r in reports} == {"AVX2"}
+    assert {r["cpu_capability"] for r in reports} == {"AVX2"} and {r["pinned_kernel_path"] for r in reports} == {"avx2"}
     assert reports[0]["dev_checks"] == reports[1]["dev_checks"]
     assert manifests[0]["content_sha256"] == manifests[1]["content_sha256"]
 
@@ -275,7 +275,7 @@ def _broken_trainings():
         (work / "config" / "broken.yaml").write_text(yaml.safe_dump({"methods": BROKEN_METHODS}))
         targets = [f"results/metrics/tiny_qwen3/{m}/{b}/seed-{s}.json" for m in BROKEN_METHODS
                    for b in ("arith_l1", "arith_l2", "arith_l3", "arith_l3_wide") for s in ("main", "1", "2")]
-        proc = run_snakemake(["--cores", "1", "--directory", str(work), *targets, "--configfile", "config/broken.yaml"],
+        proc = run_snakemake(["--cores", "1", "--directory", str(work), *targets, "--configfile", str(work / "config" / "broken.yaml")],
                              check=False)
         return work, proc
 
@@ -290,8 +290,9 @@ def broken_trainings():
 @pytest.mark.workflow
 def test_a_broken_training_does_not_beat_the_base_model(tiny_run, broken_trainings):
     """The learning check above, run on two broken trainings: it must fail for both (no interval
-    above 0). Teacher = student has nothing to teach (its first gradient is exactly 0); the teacher
-    without the privileged solution knows nothing the student does not."""
+    above 0). Teacher = student has nothing to teach (its first step's divergence is 0 to rounding;
+    Adam still turns rounding into small steps); the teacher without the privileged solution knows
+    nothing the student does not."""
     from pwopsd.report.significance import learning_problems
 
     workdir, _ = tiny_run
@@ -301,6 +302,8 @@ def test_a_broken_training_does_not_beat_the_base_model(tiny_run, broken_trainin
     gains = _learning_gains(summaries, list(BROKEN_METHODS))
     problems = learning_problems(gains)
     assert [line.split(":")[0] for line in problems] == list(BROKEN_METHODS), problems
+    first = json.loads((work / "results/training/tiny_qwen3/opsd_teacher_student/train_log.jsonl").read_text().splitlines()[0])
+    assert abs(first["kl"]) < 1e-6  # it was teacher = student
 
 
 @pytest.mark.workflow
@@ -565,6 +568,9 @@ def test_tiny_run_records_provenance_and_a_reproduction_report(tiny_run):
     metrics = "results/metrics/tiny_qwen3/opsd/arith_l1/seed-1.json"
     assert prov["inputs_sha256"][metrics] == sha256_file(workdir / metrics)
     assert prov["models"]["tiny_qwen3"]["built_by"] == "tiny"
+    assert prov["pinned_kernel_path"] == "avx2"  # tiny mode's cpu_kernel_path, in every job's environment
+    build = json.loads((workdir / "results/models/tiny_qwen3/build_report.json").read_text())
+    assert build["cpu_capability"] == "AVX2"  # the path torch took
     for stem in ("tables/branch_auroc", "figures/branch_auroc", "figures/pwopsd_schedules", "metrics/summary",
                  "report/reproduction"):
         assert json.loads((workdir / f"results/{stem}.provenance.json").read_text())["versions"]

@@ -124,19 +124,27 @@ def cpu_capability() -> str | None:
     return None if torch is None else torch.backends.cpu.get_cpu_capability()
 
 
-# torch's CPU kernel paths on x86-64 and the CPU flags each needs (ATen's cpuinfo checks:
-# AVX2 = AVX2 + FMA; AVX512 = AVX512 F, BW, VL, DQ + FMA). `default` runs anywhere.
-KERNEL_PATH_FLAGS = {
-    "default": (),
-    "avx2": ("avx2", "fma"),
-    "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"),
+# torch's CPU kernel paths on x86-64: the CPU flags each needs (ATen's cpuinfo checks: AVX2 = AVX2 +
+# FMA; AVX512 = AVX512 F, BW, VL, DQ + FMA; `default` runs anywhere) and the environment that pins it.
+# ATen's own kernels follow ATEN_CPU_CAPABILITY (lower case, exactly); the fp32 matrix products go
+# to MKL and oneDNN, which pick their instruction set from the CPU unless MKL_CBWR (conditional
+# numerical reproducibility) and ONEDNN_MAX_CPU_ISA say otherwise: on an AVX512 Intel host, MKL would
+# round differently from an AVX2 one with ATen pinned alone. (On this project's AVX2 hosts the two
+# MKL/oneDNN settings leave the bits as they were: measured on a Zen 3 host.)
+KERNEL_PATHS = {
+    "default": {"flags": (), "env": {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE",
+                                     "ONEDNN_MAX_CPU_ISA": "SSE41"}},
+    "avx2": {"flags": ("avx2", "fma"), "env": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT",
+                                               "ONEDNN_MAX_CPU_ISA": "AVX2"}},
+    "avx512": {"flags": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"),
+               "env": {"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AVX512,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}},
 }
 KERNEL_PATH_ENV = "ATEN_CPU_CAPABILITY"
 
 
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
     """The CPU's feature flags (the first ``flags`` line of ``/proc/cpuinfo``; empty where there is
-    none, e.g. on a non-x86 or non-Linux host)."""
+    none, e.g. on a non-x86 or non-Linux host, where only ``default`` is pinned)."""
     try:
         with open(cpuinfo) as fh:
             for line in fh:
@@ -147,43 +155,68 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
     return set()
 
 
+def _missing_flags(path: str, flags: set[str]) -> list[str]:
+    return [f for f in KERNEL_PATHS[path]["flags"] if f not in flags]
+
+
 def pin_kernel_path(requested: str, environ=os.environ, flags: set[str] | None = None) -> tuple[str | None, str | None]:
     """Pin torch's CPU kernel path for every job of a run (config ``cpu_kernel_path``) by setting
-    ``ATEN_CPU_CAPABILITY`` in ``environ``, which the jobs inherit (also through sbatch, which
-    exports the submitting environment). Torch's float results follow the kernel path and nothing
-    else (not the CPU model, not the thread count), so a pinned path gives the same numbers on
-    every host that can take it. Reads no torch (the Snakefile calls it on every start).
+    :data:`KERNEL_PATHS`' environment in ``environ``, which the jobs inherit (also through sbatch,
+    which exports the submitting environment; a Slurm job's own Snakemake checks it again on its
+    node). Torch's float results follow the kernel path, not the CPU model or the thread count, so
+    a pinned path gives the same numbers on every host that can take it. Reads no torch (the
+    Snakefile calls it on every start).
 
     Returns ``(path in force or None when torch picks its own, a line to tell the user or None)``:
-    ``host`` pins nothing; an ``ATEN_CPU_CAPABILITY`` already set in the environment is kept (that
-    is how a test or a user forces another path); a host that lacks the path's CPU flags runs
-    with torch's own choice, and the line says its numbers will differ."""
+
+    - ``host`` pins nothing;
+    - an ``ATEN_CPU_CAPABILITY`` already in the environment is kept (a user or a test forcing a path,
+      or the submitting host's pin inherited by a Slurm job), said when it is not ``requested``;
+      one torch does not know, or one this CPU cannot take, is removed (torch picks its own) and said;
+    - a host that lacks the path's CPU flags runs on torch's own path, and the line says its numbers
+      will differ."""
+    if requested != "host" and requested not in KERNEL_PATHS:
+        raise ValueError(f"cpu_kernel_path must be one of host, {', '.join(KERNEL_PATHS)}; got {requested!r}")
+    flags = cpu_flags() if flags is None else flags
     current = environ.get(KERNEL_PATH_ENV)
-    if requested == "host":
-        return current or None, None
-    if requested not in KERNEL_PATH_FLAGS:
-        raise ValueError(f"cpu_kernel_path must be one of host, {', '.join(KERNEL_PATH_FLAGS)}; got {requested!r}")
     if current:
-        if current.lower() == requested:
-            return requested, None
+        problem = None
+        if current not in KERNEL_PATHS:
+            problem = f"is not a kernel path torch knows ({', '.join(KERNEL_PATHS)}, lower case)"
+        elif missing := _missing_flags(current, flags):
+            problem = f"asks for a path this CPU cannot take (it lacks {', '.join(missing)})"
+        if problem:
+            for name in KERNEL_PATHS["default"]["env"]:
+                environ.pop(name, None)
+            return None, (f"{KERNEL_PATH_ENV}={current} {problem}: removed, torch picks its own path, and CPU "
+                          "results will differ from the pinned path's")
+        if requested in ("host", current):
+            return current, None
         return current, (f"{KERNEL_PATH_ENV}={current} from the environment overrides cpu_kernel_path={requested}: "
                          "CPU results follow the kernel path, so they will differ from the pinned path's")
-    flags = cpu_flags() if flags is None else flags
-    missing = [f for f in KERNEL_PATH_FLAGS[requested] if f not in flags]
-    if missing:
+    if requested == "host":
+        return None, None
+    if missing := _missing_flags(requested, flags):
         return None, (f"this CPU cannot take the {requested} kernel path of cpu_kernel_path (it lacks "
                       f"{', '.join(missing)}): torch picks its own, and CPU results (tiny mode's tables) "
                       "will differ from the pinned path's (the README's and tiny/digest.json)")
-    environ[KERNEL_PATH_ENV] = requested
+    for name, value in KERNEL_PATHS[requested]["env"].items():
+        environ.setdefault(name, value)
     return requested, None
 
 
+def kernel_path_provenance() -> dict:
+    """The CPU kernel path of a result: the run's pinned one (every process) and the one torch took
+    (``None`` in a process that did not use torch)."""
+    return {"cpu_capability": cpu_capability(), "pinned_kernel_path": os.environ.get(KERNEL_PATH_ENV) or None,
+            "mkl_cbwr": os.environ.get("MKL_CBWR") or None}
+
+
 def provenance(manifest: dict | None = None, **extra) -> dict:
-    """The provenance block of a result file: package versions, the CPU kernel path (torch's in a
-    process that used torch; the run's pinned one in every process), the model id and revision,
-    plus whatever settings produced it (``extra``)."""
-    out = {"versions": versions(), "cpu_capability": cpu_capability(),
-           "pinned_kernel_path": os.environ.get(KERNEL_PATH_ENV) or None, **extra}
+    """The provenance block of a result file: package versions, the CPU kernel path
+    (:func:`kernel_path_provenance`), the model id and revision, plus whatever settings produced it
+    (``extra``)."""
+    out = {"versions": versions(), **kernel_path_provenance(), **extra}
     if manifest is not None:
         out.update(model_path=manifest.get("path"), hf_id=manifest.get("hf_id"), revision=manifest.get("revision"))
     return out
@@ -197,7 +230,7 @@ def _jsonable(obj):
 
 def job_provenance(snakemake) -> dict:
     """Provenance of a job's outputs: rule, wildcards, params (the config values that produced
-    them), package versions, the configured models (Hub id + revision), the SHA-256 of every
+    them), package versions, the CPU kernel path, the configured models (Hub id + revision), the SHA-256 of every
     prepared dataset and of every input file."""
     from pathlib import Path
 
@@ -219,6 +252,7 @@ def job_provenance(snakemake) -> dict:
         "wildcards": dict(snakemake.wildcards.items()),
         "params": {k: v for k, v in snakemake.params.items()},
         "versions": versions(),
+        **kernel_path_provenance(),
         "models": {m: {"hf_id": e.get("hf_id"), "revision": e.get("revision"), "built_by": e.get("built_by")}
                    for m, e in cfg.get("models", {}).items()},
         "datasets_sha256": datasets,

@@ -28,6 +28,7 @@ rule build_tiny_model:
         model=_alternatives(BUILT_MODELS),
     params:
         tiny=config_param(settings.tiny_model),
+        kernel_path=KERNEL_PATH,  # the CPU kernel path in force (cpu_kernel_path): another path, another model
     threads: config_param(settings.tiny_threads)
     log:
         "logs/models/build_tiny_model/{model}.log",

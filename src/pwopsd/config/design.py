@@ -238,7 +238,8 @@ def training_config(cfg: dict, model: str, run: str) -> dict:
         "rollout_engine": rollout_engine_settings(cfg, model) if tr["rollout_backend"] == "vllm" else {},
         "rollout_policy": tr["rollout_policy"],
         "deterministic": tr["deterministic"],
-        "teacher_prompt": meth["teacher_prompt"],
+        # an ablation only (the default, privileged, is TrainConfig's: existing runs keep their params)
+        **({"teacher_prompt": meth["teacher_prompt"]} if meth["teacher_prompt"] != "privileged" else {}),
     }
 
 

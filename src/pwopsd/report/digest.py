@@ -78,7 +78,7 @@ REQUIRED_CSV = ("metrics/summary.csv", "metrics/per_seed.csv", "report/reproduct
 FIGURE_DATA = {"report/reproduction.pdf": "report/reproduction_figure.csv"}
 
 # Keys (JSON keys, CSV columns) that are not results: inputs, environment, timings.
-SKIP_KEYS = {"provenance", "versions", "version", "settings", "cpu_capability", "device", "devices",
+SKIP_KEYS = {"provenance", "versions", "version", "settings", "cpu_capability", "pinned_kernel_path", "mkl_cbwr", "device", "devices",
              "host", "hostname", "node", "path", "paths", "date", "created", "timestamp", "started", "finished"}
 _TIMING = re.compile(r"(^|_)(seconds?|secs?|time|times|timing|wall|elapsed|duration|timestamp|date|hostname|"
                      r"throughput|per_second|it_s|tokens_per_s)($|_)", re.IGNORECASE)

@@ -298,6 +298,14 @@ def run_scores(summaries: Sequence[dict], model: str, runs: Sequence[str], bench
     return np.concatenate(parts, axis=1)
 
 
+def benchmark_strata(summaries: Sequence[dict], model: str, method_runs: Sequence[str], baseline_runs: Sequence[str],
+                     benchmarks: Sequence[str], metric: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One ``(method, baseline)`` pair of :func:`run_scores` arrays per benchmark: the strata of
+    :func:`compare_strata`."""
+    return [(run_scores(summaries, model, method_runs, b, metric), run_scores(summaries, model, baseline_runs, b, metric))
+            for b in benchmarks]
+
+
 def significance_frame(summaries: Sequence[dict], comparisons: Sequence[tuple[str, str, str]], benchmarks: Sequence[str],
                        metrics: Sequence[str], *, runs: dict[str, Sequence[str]] | None = None, mean_name: str = "mean",
                        level: float = 0.95) -> "pd.DataFrame":
@@ -310,8 +318,8 @@ def significance_frame(summaries: Sequence[dict], comparisons: Sequence[tuple[st
     rows = []
     for metric in metrics:
         for model, method, baseline in comparisons:
-            strata = [(run_scores(summaries, model, runs.get(method, [method]), b, metric),
-                       run_scores(summaries, model, runs.get(baseline, [baseline]), b, metric)) for b in benchmarks]
+            strata = benchmark_strata(summaries, model, runs.get(method, [method]), runs.get(baseline, [baseline]),
+                                      benchmarks, metric)
             parts = [(b, [st]) for b, st in zip(benchmarks, strata)] + ([(mean_name, strata)] if len(strata) > 1 else [])
             for bench, group in parts:
                 c = compare_strata(group, level=level)
@@ -333,8 +341,7 @@ def gains_over_base(summaries: Sequence[dict], model: str, runs: Sequence[str], 
     problem: :func:`compare_strata`). Tiny mode's learning test asks every run of OPSD and
     PW-OPSD for an interval above 0, and a broken training (no privileged solution, or teacher =
     student) for none."""
-    return {run: compare_strata([(run_scores(summaries, model, [run], b, metric), run_scores(summaries, model, [base], b, metric))
-                                 for b in benchmarks], level=level)
+    return {run: compare_strata(benchmark_strata(summaries, model, [run], [base], benchmarks, metric), level=level)
             for run in runs}
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pwopsd.io import atomic_path, write_json
 from pwopsd.keys import folder_content_sha256
-from pwopsd.runtime import cpu_capability, versions
+from pwopsd.runtime import kernel_path_provenance, versions
 from pwopsd.tiny.model import (
     TinyBuildConfig,
     TinyModelCheckError,
@@ -43,7 +43,7 @@ def build_tiny_model(*, name: str, settings: dict, model_dir: str, manifest_path
         "teacher_gap": result.dev_accuracy["teacher"]["mean"] - result.dev_accuracy["student"]["mean"] if result.dev_accuracy else None,
         "seconds_total": round(t_total, 1),
         "versions": versions(),
-        "cpu_capability": cpu_capability(),
+        **kernel_path_provenance(),  # cpu_capability (torch's path), pinned_kernel_path, mkl_cbwr
     }
     if result.dev_accuracy is None:
         raise TinyModelCheckError("tiny model failed its build check:\n  - " + not_ready_message(result, cfg))

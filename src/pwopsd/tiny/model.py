@@ -6,10 +6,18 @@ functions as the paper-scale models (``pwopsd.prompts``):
 * ``student``: the OPSD training student prompt (thinking off), response = worked solution;
 * ``eval``: the evaluation prompt (thinking on), response = ``<think>`` worked steps ``</think>``
   + boxed answer;
-* ``teacher``: the privileged teacher prompt quoting the reference solution (the answer), response
-  = worked solution. A share of teacher examples uses operands too large to compute reliably, so
-  the model learns to read the privileged answer (without them it computes instead and
-  teacher ~ student; see ``../shared/spec/tiny_model_notes.md``).
+* ``teacher``: the privileged teacher prompt quoting the reference solution, response = worked
+  solution. A share of teacher examples uses operands too large to compute reliably, so the model
+  learns to read the privileged solution (without them it computes instead and teacher ~ student;
+  see ``../shared/spec/tiny_model_notes.md``). A share of the easy ones takes a *detour*
+  (``teacher_detour_fraction``): the response slips at one step (that result not trained) and
+  computes on from it, so the teacher follows a student's slip instead of copying numbers that
+  contradict the response (without it no self-distillation method beats the base model:
+  docs/decisions.md, "Tiny mode: a toy in which the method works").
+
+Two further options (0 in tiny mode, measured and left): ``shortcut_rate``, student and eval
+examples that give the boxed answer without the steps, and ``slip_rate``, per-step slips of the
+model's own computation (:class:`Slips`).
 
 Pretraining stops when the model is ready, not after a fixed number of steps: every
 ``check_every`` steps from ``check_from`` on, a quick dev check (the first ``check_per_level``
@@ -250,7 +258,8 @@ def build_model(cfg: TinyBuildConfig, tokenizer):
 
 
 def untrained_tokens(tokenizer, response: str, span: tuple[int, int]) -> set[int]:
-    """Indices of the response's tokens that overlap the character span ``span``."""
+    """Indices of the response's tokens that overlap the character span ``span`` (a negative
+    result's minus sign is one token with the space before it, which is then left out too)."""
     enc = tokenizer(response, add_special_tokens=False, return_offsets_mapping=True)
     return {i for i, (a, b) in enumerate(enc["offset_mapping"]) if a < span[1] and b > span[0]}
 

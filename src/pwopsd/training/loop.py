@@ -85,7 +85,10 @@ class TrainConfig:
     rollout_engine: dict  # the vLLM rollout engine's settings ({} for hf)
     rollout_policy: str  # adapter (base + current LoRA, exactly on-policy) | merged_bf16 (the reference's)
     deterministic: bool  # deterministic GPU kernels (set_determinism); part of the run key: it changes GPU numerics
-    teacher_prompt: str  # privileged (the paper) | no_solution | student: ablations, see teacher_message_for
+    # privileged (the paper) | no_solution | student: ablations (teacher_message_for). The one field
+    # with a default: the config emits it only for an ablation, so the paper's runs keep their
+    # params and run keys (adding it reran and restarted nothing).
+    teacher_prompt: str = "privileged"
 
     @property
     def last_step(self) -> int:

@@ -1,0 +1,91 @@
+"""The tiny model's pretraining data (pwopsd.tiny.model): slips, teacher detours, shortcuts, and
+which tokens pretraining trains on; the teacher prompt ablations of training."""
+
+import numpy as np
+import pytest
+
+from pwopsd import prompts
+from pwopsd.tiny.arithmetic import ArithmeticProblem, sample_problem
+from pwopsd.tiny.model import (Slips, TinyBuildConfig, collate, format_example, sample_pretraining_example, slipped_steps,
+                               tiny_tokenizer)
+from pwopsd.tiny.tokenizer import THINK
+
+P = ArithmeticProblem((7, 3, 12), ("-", "+"))
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer(TinyBuildConfig(), corpus_size=300)
+
+
+def test_a_slip_carries_on_and_its_span_is_the_wrong_result():
+    lines, value, span = slipped_steps(P, Slips((2, 0), masked=0))
+    assert lines == ["7 - 3 = 6", "6 + 12 = 18"] and value == 18  # 7 - 3 = 4, off by 2, then computed on
+    assert "\n".join(lines)[span[0]:span[1]] == "6"
+    lines, value, span = slipped_steps(P, Slips((0, -3)))
+    assert lines == ["7 - 3 = 4", "4 + 12 = 13"] and value == 13 and span is None
+    assert slipped_steps(P, Slips((0, 0))) == (P.steps(), P.answer, None)
+
+
+def test_formats_with_slips_detours_and_shortcuts(tok):
+    prompt, response, span = format_example(tok, P, "teacher", "worked", Slips((0, 1), masked=1))
+    assert response.startswith("7 - 3 = 4\n4 + 12 = 17\nThe answer is \\boxed{17}.") and response[span[0]:span[1]] == "17"
+    assert P.worked_solution in prompt  # the teacher still quotes the right solution
+    _, response, span = format_example(tok, P, "eval", "worked", Slips((-1, 0), masked=0))
+    assert response.startswith(f"{THINK}\n7 - 3 = 3\n") and response[span[0]:span[1]] == "3"
+    assert format_example(tok, P, "eval", "worked", Slips((0, 0))) == format_example(tok, P, "eval", "worked")
+    assert format_example(tok, P, "student", "worked", Slips((0, 0), shortcut=True))[1].startswith("The answer is \\boxed{16}.")
+
+
+def test_pretraining_does_not_train_on_a_detours_slip(tok):
+    """Exactly the slipped result's tokens are left out of the labels; every other response token
+    is trained, as without a detour."""
+    prompt, response, span = format_example(tok, P, "teacher", "worked", Slips((5, 0), masked=0))  # 7 - 3 = 9
+    ids, _, labels = collate(tok, [(prompt, response, span), (prompt, response)])
+    n_prompt = len(tok(prompt, add_special_tokens=False)["input_ids"])
+    skipped = [i - n_prompt for i in range(ids.shape[1]) if labels[0, i] == -100 and labels[1, i] != -100]
+    assert len(skipped) == 1 and tok.decode([int(ids[0, n_prompt + skipped[0]])]) == "9"
+    assert int((labels[1] != -100).sum()) - int((labels[0] != -100).sum()) == 1
+
+
+def _old_sample(rng, cfg):
+    """The pretraining sampler before slips, detours and shortcuts existed."""
+    level = int(rng.choice(cfg.levels))
+    if rng.random() < cfg.teacher_fraction:
+        hard = rng.random() < cfg.teacher_hard_fraction
+        return sample_problem(rng, level, cfg.teacher_hard_max_operand if hard else cfg.max_operand), "teacher"
+    fmt = "student" if rng.random() < 0.5 else "eval"
+    return sample_problem(rng, level, cfg.max_operand), fmt
+
+
+def test_without_slips_detours_or_shortcuts_the_data_is_as_before():
+    cfg = TinyBuildConfig()
+    a, b = np.random.default_rng(5), np.random.default_rng(5)
+    for _ in range(300):
+        p, fmt, slips = sample_pretraining_example(a, cfg)
+        assert (p, fmt) == _old_sample(b, cfg) and slips is None
+
+
+def test_detours_only_on_easy_teacher_examples_at_their_rate():
+    cfg = TinyBuildConfig(teacher_detour_fraction=0.4, shortcut_rate=0.3)
+    rng = np.random.default_rng(1)
+    draws = [sample_pretraining_example(rng, cfg) for _ in range(4000)]
+    teacher = [(p, s) for p, f, s in draws if f == "teacher"]
+    easy = [(p, s) for p, s in teacher if max(p.operands) <= cfg.max_operand]
+    detours = [s for _, s in easy if s is not None]
+    assert all(s.masked is not None and s.offsets[s.masked] != 0 for s in detours)
+    assert all(s is None for p, s in teacher if max(p.operands) > cfg.max_operand)
+    assert abs(len(detours) / len(easy) - 0.4) < 0.06  # easy ones include hard draws with small operands
+    shortcuts = [s for _, f, s in draws if f != "teacher" and s is not None and s.shortcut]
+    assert abs(len(shortcuts) / sum(f != "teacher" for _, f, _ in draws) - 0.3) < 0.03
+
+
+def test_teacher_prompt_ablations():
+    from pwopsd.training.loop import Example, teacher_message_for
+
+    e = Example(problem="Compute 7 - 3.", solution="7 - 3 = 4\nThe answer is \\boxed{4}.", answer="4")
+    assert teacher_message_for(e, "privileged") == prompts.teacher_message(e.problem, e.solution)
+    blank = teacher_message_for(e, "no_solution")
+    assert blank == prompts.teacher_message(e.problem, "") and e.solution not in blank and "7 - 3 = 4" not in blank
+    with pytest.raises(ValueError, match="teacher_prompt must be one of"):
+        teacher_message_for(e, "student")  # the trainer uses the student's own prompt ids for it
