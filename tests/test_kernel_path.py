@@ -22,6 +22,8 @@ def test_a_host_that_can_take_the_path_gets_it_in_the_jobs_environment():
     env = {}
     assert pin_kernel_path("default", env, set()) == ("default", None)  # runs anywhere
     assert env["ATEN_CPU_CAPABILITY"] == "default" and env["MKL_CBWR"] == "COMPATIBLE"
+    env = {"ATEN_CPU_CAPABILITY": "", "MKL_CBWR": ""}  # empty is unset (a test clears a path that way)
+    assert pin_kernel_path("avx2", env, ZEN3) == ("avx2", None) and env == AVX2_ENV
     env = {"MKL_CBWR": "AUTO"}  # a user's own MKL setting is kept
     pin_kernel_path("avx2", env, ZEN3)
     assert env["MKL_CBWR"] == "AUTO" and env["ATEN_CPU_CAPABILITY"] == "avx2"

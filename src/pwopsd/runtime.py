@@ -201,7 +201,8 @@ def pin_kernel_path(requested: str, environ=os.environ, flags: set[str] | None =
                       f"{', '.join(missing)}): torch picks its own, and CPU results (tiny mode's tables) "
                       "will differ from the pinned path's (the README's and tiny/digest.json)")
     for name, value in KERNEL_PATHS[requested]["env"].items():
-        environ.setdefault(name, value)
+        if not environ.get(name):  # unset or empty: ours; a user's own MKL or oneDNN setting is kept
+            environ[name] = value
     return requested, None
 
 
