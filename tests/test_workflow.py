@@ -185,6 +185,13 @@ def test_tiny_run_builds_a_model_with_a_teacher_gap(tiny_run):
     assert (workdir / "results/models/tiny_qwen3/base/model.safetensors").exists()
 
 
+def _tiny_config_copy(name: str) -> Path:
+    """A fresh working directory of the session holding tiny mode's config."""
+    work = session_tmp(name)
+    shutil.copytree(REPO / "tiny" / "config", work / "config")
+    return work
+
+
 @background.part("tiny build on one thread", after=("tiny model",))
 def _one_thread_build():
     """The tiny model built again on one thread (the tiny run's build has two), after the tiny run's
@@ -192,8 +199,7 @@ def _one_thread_build():
     must give the same bits."""
 
     def run():
-        work = session_tmp("tiny_one_thread")
-        shutil.copytree(REPO / "tiny" / "config", work / "config")
+        work = _tiny_config_copy("tiny_one_thread")
         # One thread: it runs beside the tiny run, the vLLM and the Slurm parts, and a 2-thread OpenMP
         # team on 2 oversubscribed cores spends its time at barriers (a 2-thread build took 41 min
         # in a full run on the Zen 1 host).
@@ -269,8 +275,7 @@ def _broken_trainings():
     evaluated and graded like the tiny run's checkpoints."""
 
     def run():
-        work = session_tmp("tiny_broken")
-        shutil.copytree(REPO / "tiny" / "config", work / "config")
+        work = _tiny_config_copy("tiny_broken")
         copy_tiny_inputs(tiny_workdir(), work)
         (work / "config" / "broken.yaml").write_text(yaml.safe_dump({"methods": BROKEN_METHODS}))
         targets = [f"results/metrics/tiny_qwen3/{m}/{b}/seed-{s}.json" for m in BROKEN_METHODS

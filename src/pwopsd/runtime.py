@@ -206,10 +206,15 @@ def pin_kernel_path(requested: str, environ=os.environ, flags: set[str] | None =
     return requested, None
 
 
+def pinned_kernel_path() -> str | None:
+    """The kernel path this process runs on by the run's pin (:func:`pin_kernel_path`), or None."""
+    return os.environ.get(KERNEL_PATH_ENV) or None
+
+
 def kernel_path_provenance() -> dict:
     """The CPU kernel path of a result: the run's pinned one (every process) and the one torch took
     (``None`` in a process that did not use torch)."""
-    return {"cpu_capability": cpu_capability(), "pinned_kernel_path": os.environ.get(KERNEL_PATH_ENV) or None,
+    return {"cpu_capability": cpu_capability(), "pinned_kernel_path": pinned_kernel_path(),
             "mkl_cbwr": os.environ.get("MKL_CBWR") or None}
 
 

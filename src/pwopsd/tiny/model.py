@@ -104,10 +104,14 @@ class TinyBuildConfig:
         return cfg
 
 
-def response_text(p: ArithmeticProblem, thinking: bool) -> str:
+def response_text(p: ArithmeticProblem, thinking: bool, lines: list[str] | None = None, answer: int | None = None) -> str:
+    """The response: the worked steps (``lines``, default the problem's own) and the boxed answer
+    (default the problem's), inside a think block when ``thinking``; without it, the worked solution."""
+    steps = "\n".join(p.steps() if lines is None else lines)
+    answer = p.answer if answer is None else answer
     if thinking:
-        return f"{THINK}\n" + "\n".join(p.steps()) + f"\n{END_THINK}\n\nThe answer is \\boxed{{{p.answer}}}."
-    return p.worked_solution
+        return f"{THINK}\n{steps}\n{END_THINK}\n\nThe answer is \\boxed{{{answer}}}."
+    return f"{steps}\nThe answer is \\boxed{{{answer}}}."
 
 
 SLIP_OFFSETS = (-3, -2, -1, 1, 2, 3)
@@ -165,12 +169,9 @@ def format_example(tokenizer, p: ArithmeticProblem, fmt: str, style: str = "work
         think = f"{THINK}\n{END_THINK}\n\n" if fmt == "eval" else ""
         return prompt, f"{think}The answer is \\boxed{{{p.answer}}}." + IM_END
     lines, value, span = slipped_steps(p, slips)
-    steps = "\n".join(lines)
-    if fmt == "eval":
-        response = f"{THINK}\n{steps}\n{END_THINK}\n\nThe answer is \\boxed{{{value}}}."
-        span = None if span is None else (span[0] + len(THINK) + 1, span[1] + len(THINK) + 1)
-    else:
-        response = f"{steps}\nThe answer is \\boxed{{{value}}}."
+    response = response_text(p, fmt == "eval", lines, value)
+    if fmt == "eval" and span is not None:  # the steps follow the think tag's line
+        span = (span[0] + len(THINK) + 1, span[1] + len(THINK) + 1)
     return (prompt, response + IM_END) if span is None else (prompt, response + IM_END, span)
 
 

@@ -63,7 +63,7 @@ def run_key(args: dict) -> dict:
     from pwopsd.io import sha256_file
     from pwopsd.keys import code_digest, weights_identity
     from pwopsd.models import read_manifest
-    from pwopsd.runtime import versions
+    from pwopsd.runtime import pinned_kernel_path, versions
 
     libs = versions()
     packages = ["torch", "transformers", "peft"]
@@ -72,7 +72,7 @@ def run_key(args: dict) -> dict:
     train = {k: v for k, v in args["train"].items() if k not in NOT_IN_RUN_KEY}
     # A pinned CPU kernel path (cpu_kernel_path) decides the CPU numbers: a run resumes only from
     # checkpoints of the same path. Absent when nothing is pinned (the paper's runs keep their keys).
-    pinned = {"kernel_path": os.environ["ATEN_CPU_CAPABILITY"]} if os.environ.get("ATEN_CPU_CAPABILITY") else {}
+    pinned = {"kernel_path": path} if (path := pinned_kernel_path()) else {}
     return {**pinned, "train": train, "dtype": args["dtype"], "chat_template": args["chat_template"],
             "processes": max(1, int(args.get("processes", 1) or 1)),  # each rank's share of a step's problems
             "base_model": weights_identity(read_manifest(args["manifest"])), "corpus_sha256": sha256_file(args["corpus"]),
