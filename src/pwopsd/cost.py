@@ -53,6 +53,9 @@ ASSUMPTIONS = {
     # Training: per-step overhead beyond rollout decode and forward/backward (adapter sync,
     # optimizer, logging), seconds.
     "train_step_overhead_s": 30.0,
+    # A training step's estimated time is multiplied by this (1: the model above as is); a run's
+    # measured steps correct it (python -m pwopsd.status --fit-overlay).
+    "train_step_scale": 1.0,
     "train_prompt_tokens": 600.0,
     # Model loading / engine start per job, minutes.
     "startup_min": 5.0,
@@ -72,6 +75,20 @@ ASSUMPTIONS = {
 }
 
 
+def assumptions(cfg: dict | None) -> dict:
+    """:data:`ASSUMPTIONS` with the config's corrections (``cluster.cost_assumptions``, e.g. an
+    overlay written by ``python -m pwopsd.status --fit-overlay``); an unknown name or a value that
+    is not a positive number is an error naming the key."""
+    a = dict(ASSUMPTIONS)
+    for key, value in ((cfg or {}).get("cluster", {}).get("cost_assumptions") or {}).items():
+        if key not in a:
+            raise SystemExit(f"config key cluster.cost_assumptions.{key}: unknown assumption (known: {', '.join(a)})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise SystemExit(f"config key cluster.cost_assumptions.{key}: {value!r} is not a positive number")
+        a[key] = float(value)
+    return a
+
+
 @dataclass
 class Job:
     rule: str
@@ -79,10 +96,29 @@ class Job:
     gpus: int
     resources: dict[str, str] = field(default_factory=dict)
     threads: int = 1
+    input: list[str] = field(default_factory=list)
+    output: list[str] = field(default_factory=list)
+    benchmark: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The job's name on Slurm: the comment the executor plugin gives its submissions
+        (``rule_<rule>_wildcards_<values joined by _>``, each / as _)."""
+        return slurm_comment(self.rule, self.wildcards)
+
+
+def slurm_comment(rule: str, wildcards: dict) -> str:
+    values = "_".join(str(v) for v in wildcards.values()).replace("/", "_")
+    return f"rule_{rule}_wildcards_{values}" if wildcards else f"rule_{rule}"
+
+
+def _file_list(line: str | None) -> list[str]:
+    return [f for f in line.split(", ") if f] if line else []
 
 
 def parse_dry_run(output: str) -> list[Job]:
-    """The jobs of a ``snakemake -n`` listing: rule, wildcards, resources (as printed), GPUs, threads."""
+    """The jobs of a ``snakemake -n`` listing: rule, wildcards, resources (as printed), GPUs, threads,
+    input and output files, benchmark file."""
     jobs = []
     for block in re.split(r"\n(?=(?:local)?rule \w+:)", output):
         m = re.match(r"(?:local)?rule (\w+):", block)
@@ -91,9 +127,12 @@ def parse_dry_run(output: str) -> list[Job]:
         wc = re.search(r"^\s+wildcards: (.*)$", block, re.M)
         res = re.search(r"^\s+resources: (.*)$", block, re.M)
         threads = re.search(r"^\s+threads: (\d+)$", block, re.M)
+        files = {name: re.search(rf"^\s+{name}: (.*)$", block, re.M) for name in ("input", "output", "benchmark")}
         resources = dict(kv.split("=", 1) for kv in res.group(1).split(", ")) if res else {}
         jobs.append(Job(m.group(1), dict(kv.split("=", 1) for kv in wc.group(1).split(", ")) if wc else {},
-                        int(resources.get("gpu", 0)), resources, int(threads.group(1)) if threads else 1))
+                        int(resources.get("gpu", 0)), resources, int(threads.group(1)) if threads else 1,
+                        *(_file_list(files[n] and files[n].group(1)) for n in ("input", "output")),
+                        files["benchmark"].group(1) if files["benchmark"] else None))
     return jobs
 
 
@@ -169,7 +208,7 @@ def train_step_seconds(job: Job, cfg: dict, size: float, a: dict) -> float:
     seq = batch * (a["train_prompt_tokens"] + tr["max_completion_length"])
     # student forward + backward (3x) and the teacher forward (1x, longer privileged prompt ~2x)
     fwd = 6.0 * seq / (a["forward_tok_s_per_gpu_4b"] * 4.0 / size * job.gpus)
-    return decode + fwd + a["train_step_overhead_s"]
+    return (decode + fwd + a["train_step_overhead_s"]) * a["train_step_scale"]
 
 
 def _train_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
@@ -215,8 +254,9 @@ GPU_HOURS = {"generate": _generate_hours, "generate_sweep_step": _generate_hours
              "forced_continuation": _forced_continuation_hours}
 
 
-def job_hours(job: Job, cfg: dict, a: dict = ASSUMPTIONS) -> float:
+def job_hours(job: Job, cfg: dict, a: dict | None = None) -> float:
     """Estimated wall hours of one GPU job (0 for CPU jobs): start-up plus the rule's cost model."""
+    a = assumptions(cfg) if a is None else a
     if job.gpus == 0:
         return 0.0
     if job.rule not in GPU_HOURS:
@@ -225,11 +265,12 @@ def job_hours(job: Job, cfg: dict, a: dict = ASSUMPTIONS) -> float:
     return a["startup_min"] / 60.0 + GPU_HOURS[job.rule](job, cfg, size, a)
 
 
-def plan(jobs: list[Job], cfg: dict, a: dict = ASSUMPTIONS, profile: Profile | None = None) -> list[dict]:
+def plan(jobs: list[Job], cfg: dict, a: dict | None = None, profile: Profile | None = None) -> list[dict]:
     """Per rule: jobs, GPUs a job, hours, GPU-hours, and the attempts its longest job needs under the
     profile's time limits (``profile``, default this repository's Slurm profile): attempt k gets the
     rule's runtime at k, capped at ``cluster.max_runtime_min``; a job that stops on notice resumes in
     the next attempt (:data:`NOTICE_KINDS`), any other job must fit one attempt."""
+    a = assumptions(cfg) if a is None else a
     profile = profile or Profile.from_file()
     cap = max_runtime(cfg)
     rows: dict[str, dict] = {}
@@ -322,11 +363,12 @@ def training_jobs(cfg: dict) -> list[Job]:
             for model, run in training_runs(cfg)]
 
 
-def train_retries(cfg: dict, a: dict = ASSUMPTIONS, failures: int = 2, profile: Profile | None = None) -> int:
+def train_retries(cfg: dict, a: dict | None = None, failures: int = 2, profile: Profile | None = None) -> int:
     """The train rule's retries on a cluster: the attempts its longest run needs under the profile's
     limits for the rule (attempt k: ``min(base * k, cluster.max_runtime_min)``; each resumes from
     the checkpoint the previous one wrote on notice), beyond the first, plus ``failures`` for
     crashes, node failures and memory kills."""
+    a = assumptions(cfg) if a is None else a
     profile = profile or Profile.from_file()
     cap = max_runtime(cfg)
     needed = [rule_attempts(job_hours(job, cfg, a), "train", profile, cap, a) for job in training_jobs(cfg) if job.gpus]
@@ -439,11 +481,12 @@ def grading_pair_seconds(cfg: dict, a: dict) -> tuple[float, str]:
     return seconds, f"one grading pair ({problems:g} problems x {n} samples, {graders} graders, {workers} workers)"
 
 
-def notice_work(rule: str, cfg: dict, a: dict = ASSUMPTIONS) -> list[NoticeWork]:
+def notice_work(rule: str, cfg: dict, a: dict | None = None) -> list[NoticeWork]:
     """What each job of ``rule`` (a key of :data:`NOTICE_KINDS`) finishes after the warning, one
     entry per model (training: per run); GPU jobs of a model with no GPUs or built by the workflow
     (the tiny CPU model: no H100 figures) are left out. A hub model with no size is an error
     (SystemExit, as in the cost plan)."""
+    a = assumptions(cfg) if a is None else a
     from pwopsd.config import diagnostic_models, eval_models, training_runs
 
     kind = NOTICE_KINDS[rule]
@@ -478,16 +521,18 @@ def notice_work(rule: str, cfg: dict, a: dict = ASSUMPTIONS) -> list[NoticeWork]
     return out
 
 
-def needed_window(rule: str, cfg: dict, a: dict = ASSUMPTIONS) -> NoticeWork | None:
+def needed_window(rule: str, cfg: dict, a: dict | None = None) -> NoticeWork | None:
     """The job of ``rule`` that needs the longest warning window (None: no job to price)."""
+    a = assumptions(cfg) if a is None else a
     work = notice_work(rule, cfg, a)
     return max(work, key=lambda w: w.seconds) if work else None
 
 
-def window_problems(cfg: dict, profile: Profile | None = None, rules=None, a: dict = ASSUMPTIONS) -> list[str]:
+def window_problems(cfg: dict, profile: Profile | None = None, rules=None, a: dict | None = None) -> list[str]:
     """Rules of :data:`NOTICE_KINDS` (those of ``rules`` when given: the rules the workflow has)
     whose warning cannot hold the work a job finishes on notice: none, not SIGTERM to the job step,
     or shorter than the longest job's need. One message per rule, naming the profile setting."""
+    a = assumptions(cfg) if a is None else a
     profile = profile or Profile.from_file()
     problems = []
     for rule in NOTICE_KINDS:
@@ -519,10 +564,11 @@ def window_problems(cfg: dict, profile: Profile | None = None, rules=None, a: di
     return problems
 
 
-def cap_problems(cfg: dict, a: dict = ASSUMPTIONS, profile: Profile | None = None, rules=None) -> list[str]:
+def cap_problems(cfg: dict, a: dict | None = None, profile: Profile | None = None, rules=None) -> list[str]:
     """Jobs that cannot progress under ``cluster.max_runtime_min``: an attempt at the cap must hold
     the start-up (GPU jobs), one piece (a training step, a shard, a grading pair) and the rule's
     warning window. One message per job, with the numbers."""
+    a = assumptions(cfg) if a is None else a
     profile = profile or Profile.from_file()
     cap = max_runtime(cfg)
     problems = []
@@ -549,9 +595,10 @@ def cap_problems(cfg: dict, a: dict = ASSUMPTIONS, profile: Profile | None = Non
 VLLM_RULES = ("generate", "spines", "forced_continuation")
 
 
-def render_windows(cfg: dict, profile: Profile, a: dict = ASSUMPTIONS) -> list[str]:
+def render_windows(cfg: dict, profile: Profile, a: dict | None = None) -> list[str]:
     """One line per rule that stops on notice: the warning the profile asks for and the window its
     longest job needs (the same check as at the workflow's start)."""
+    a = assumptions(cfg) if a is None else a
     lines = []
     for rule in NOTICE_KINDS:
         try:
@@ -610,15 +657,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile", default=None, help="the Slurm profile file whose runtimes and warnings are priced "
                     f"(default: this repository's {PROFILE})")
     args = ap.parse_args(argv)
-    a = dict(ASSUMPTIONS)
+    overlays = [str((Path(args.directory) / f).resolve()) for f in args.configfile]  # as Snakemake would, from any cwd
+    cfg = load_config_files([Path(args.directory) / "config" / "config.yaml", *overlays])
+    a = assumptions(cfg)  # with the config's cluster.cost_assumptions (e.g. a fitted overlay)
     for item in args.assume:
         key, _, value = item.partition("=")
         if key not in a:
             ap.error(f"unknown assumption {key!r} (known: {', '.join(a)})")
         a[key] = float(value)
-    cfg = load_config_files([Path(args.directory) / "config" / "config.yaml",
-                             *(Path(args.directory) / f for f in args.configfile)])
-    jobs = dry_run_jobs(args.directory, args.targets, forceall=args.all, configfiles=args.configfile)
+    jobs = dry_run_jobs(args.directory, args.targets, forceall=args.all, configfiles=overlays)
     profile = Profile.from_file(args.profile)
     print(render(plan(jobs, cfg, a, profile), a, data_parallel=plan(jobs, data_parallel_layout(cfg), a, profile), cfg=cfg,
                  profile=profile))
