@@ -208,6 +208,48 @@ def real_model():
     return background.result("real model")
 
 
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
+
+
+@background.part("Chromium")
+def _chromium_part():
+    """Debian's Chromium (installed with apt when missing, as the test Slurm's packages are): the
+    headless browser that renders the status page (tests/test_slurm.py). Its path."""
+
+    def install():
+        import shutil
+        import subprocess
+
+        found = shutil.which("chromium")
+        if found:
+            return found
+        if not shutil.which("apt-get") or os.geteuid() != 0:
+            raise RuntimeError("Chromium is not installed and apt-get cannot install it here (needs root and apt)")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"]):
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr[-2000:]}")
+        return shutil.which("chromium")
+
+    return install
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    return background.result("Chromium")
+
+
+def screenshot(chromium: str, page: Path, png: Path, profile: Path, size=(1280, 1400)) -> None:
+    """Chromium's headless screenshot of a local HTML page (a fresh profile folder, no network)."""
+    import subprocess
+
+    proc = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}",
+                           f"--screenshot={png}", page.resolve().as_uri()], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and png.exists(), proc.stderr[-3000:]
+
+
 def copy_tiny_inputs(source: Path, dest: Path) -> None:
     """The tiny run's model and data (:data:`TINY_INPUTS`) into another working directory, file
     times kept (Snakemake then sees them as up to date)."""
@@ -237,7 +279,8 @@ FIXTURE_PARTS = {"tiny_run": "tiny run", "vllm_python": "vLLM environment", "vll
                  "vllm_diagnostic": "vLLM diagnostic", "vllm_stack_env": "vLLM-stack environment",
                  "slurm_cluster": "Slurm cluster start", "slurm_run": "Slurm diagnostic",
                  "one_thread_build": "tiny build on one thread", "broken_trainings": "broken trainings",
-                 "slurm_training": "Slurm training interrupted", "real_model": "real model", "rehearsal": "rehearsal"}
+                 "slurm_training": "Slurm training interrupted", "real_model": "real model", "rehearsal": "rehearsal",
+                 "chromium": "Chromium"}
 
 
 def pytest_configure(config):

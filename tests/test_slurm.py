@@ -9,15 +9,20 @@
 * the tiny workflow's diagnostic Phases A-E run through the Slurm executor plugin on a real
   single-node Slurm (tests/slurm/cluster.py: slurmctld, slurmd, slurmdbd + MariaDB, munge, fake
   h100 GPUs): `sacct` records each job COMPLETED with its GPUs, partition and CPUs, and a job
-  that Slurm kills for its memory is resubmitted with the attempt-scaled limits;
+  that Slurm kills for its memory is resubmitted with the attempt-scaled limits; one requeued
+  while it runs resumes under its job id; `python -m pwopsd.status` follows it all (below);
 * two tiny trainings on it, one warned by slurmctld's time-limit timer and resubmitted, one
   requeued with `scontrol requeue`, resume from the checkpoint written on notice and end with the
   uninterrupted run's adapter and step log, bit for bit;
 * `snakemake --lint` passes.
 """
 
+import json
 import re
 import shutil
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pandas as pd
@@ -25,7 +30,7 @@ import pytest
 import yaml
 
 import background
-from conftest import REPO, copy_tiny_inputs, run_snakemake, session_tmp
+from conftest import REPO, copy_tiny_inputs, run_snakemake, screenshot, session_tmp
 from pwopsd.cluster import MAX_RUNTIME_ENV
 from pwopsd.cost import parse_dry_run
 
@@ -211,8 +216,9 @@ def _slurm_diagnostic():
     still runs on the CPU), as a paper model would. The profile is the user's one-file edit
     (account, partitions) plus what a 2-CPU node can hold: one CPU and one thread per job, memory
     that fits. `candidates` asks for too little memory on its first attempt, is killed by Slurm and
-    is resubmitted with the attempt-scaled limits. The diagnostic runs on 4 problems per level
-    instead of 12.
+    is resubmitted with the attempt-scaled limits. The status is taken every 2 s meanwhile
+    (:func:`_watch_status`), which requeues the forced-continuation job once it runs. The
+    diagnostic runs on 4 problems per level instead of 12.
     """
 
     def run():
@@ -228,6 +234,7 @@ def _slurm_diagnostic():
         config = yaml.safe_load((REPO / "tiny" / "config" / "config.yaml").read_text())
         config["models"]["tiny_qwen3"]["gpus"] = {"generate": 2, "train": 0, "forward": 1}
         config["models"]["tiny_qwen3"]["vllm"] = {"tensor_parallel_size": 2}
+        config["models"]["tiny_qwen3"]["size_b"] = 4.0  # the cost plan prices its GPU jobs as a 4B model's (pwopsd.status)
         # A third of the tiny run's problems: the jobs, resources and retries are what is tested here.
         config["diagnostic"]["datasets"] = {name: 4 for name in config["diagnostic"]["datasets"]}
         (work / "config").mkdir()
@@ -239,12 +246,49 @@ def _slurm_diagnostic():
             res.update(cpus_per_task=1, mem_mb="3000 * attempt")
         prof["set-resources"]["candidates"]["mem_mb"] = "200 * attempt ** 4"  # 200 MB: killed; then 3200 MB
         (prof_dir / "profile.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
-        proc = run_snakemake(["--profile", str(prof_dir), "--directory", str(work), *DIAGNOSTIC_TARGETS,
-                              "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "2"],
-                             env={"SLURM_CONF": str(cluster.conf)}, check=False)
-        return work, proc, cluster.jobs()
+        snapshots, requeued, stop = [], [], threading.Event()
+        watcher = threading.Thread(target=_watch_status, args=(work, cluster, snapshots, stop, requeued), daemon=True)
+        watcher.start()
+        try:
+            proc = run_snakemake(["--profile", str(prof_dir), "--directory", str(work), *DIAGNOSTIC_TARGETS,
+                                  "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "2"],
+                                 env={"SLURM_CONF": str(cluster.conf)}, check=False)
+        finally:
+            stop.set()
+            watcher.join()
+        return work, proc, cluster.jobs(), snapshots, requeued
 
     return run
+
+
+# The diagnostic job interrupted while it runs: requeued by Slurm (as a preemption would), it stops
+# on notice and runs again under its job id, resuming.
+REQUEUED_RULE = "forced_continuation"
+
+
+def _watch_status(work, cluster, snapshots, stop, requeued):
+    """What `python -m pwopsd.status` shows while the run goes on (pwopsd.status.collect, every 2
+    s): each status whose counts or running jobs differ from the last one's. Once the
+    REQUEUED_RULE job has run 3 s, it is requeued (its job id goes into ``requeued``)."""
+    from pwopsd.status import collect
+
+    last = None
+    while not stop.is_set():
+        try:
+            status = collect(work, DIAGNOSTIC_TARGETS, env=cluster.env())
+            seen = (tuple(status.counts().items()), tuple((j.key, j.state) for j in status.jobs))
+            if seen != last:
+                snapshots.append(status)
+                last = seen
+            for job in status.jobs:
+                att = job.attempts[-1] if job.attempts else None
+                if (job.rule == REQUEUED_RULE and not requeued and att and att.state == "RUNNING"
+                        and (att.seconds or 0) >= 3):
+                    _requeue_now(att.slurm_jobid, cluster.env())
+                    requeued.append(att.slurm_jobid)
+        except Exception as exc:  # noqa: BLE001 - reported by the test that reads the snapshots
+            snapshots.append(repr(exc))
+        stop.wait(2)
 
 
 @pytest.fixture(scope="module")
@@ -264,7 +308,7 @@ def jobs_by_rule(jobs):
 
 @pytest.mark.workflow
 def test_tiny_diagnostic_runs_through_a_real_slurm(slurm_run):
-    work, proc, jobs = slurm_run
+    work, proc, jobs, *_ = slurm_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     mc = pd.read_parquet(work / "results/diagnostic/tiny_qwen3/mc_dropout.parquet")
     cont = pd.read_parquet(work / "results/diagnostic/tiny_qwen3/forced_continuations.parquet")
@@ -276,7 +320,7 @@ def test_tiny_diagnostic_runs_through_a_real_slurm(slurm_run):
 
 @pytest.mark.workflow
 def test_gpus_partitions_and_cpus_reach_slurm_per_rule(slurm_run):
-    _, _, jobs = slurm_run
+    _, _, jobs, *_ = slurm_run
     expected_gpus = {"spines": 2, "forced_continuation": 2, "teacher_pass": 1, "mc_dropout": 1}
     for rule, runs in jobs_by_rule(jobs).items():
         for job in runs:
@@ -291,7 +335,7 @@ def test_gpus_partitions_and_cpus_reach_slurm_per_rule(slurm_run):
 
 @pytest.mark.workflow
 def test_a_job_killed_for_its_memory_is_resubmitted_with_larger_limits(slurm_run):
-    work, proc, jobs = slurm_run
+    work, proc, jobs, *_ = slurm_run
     first, second = jobs_by_rule(jobs)["candidates"]
     assert first["state"] in ("FAILED", "OUT_OF_MEMORY") and first["reqmem"] == "200M" and first["timelimit"] == "00:30:00"
     slurm_log = (work / "logs" / "slurm" / "rule_candidates" / "tiny_qwen3" / f"{first['jobid']}.log").read_text()
@@ -403,14 +447,22 @@ def _watch_and_interrupt(cluster, work, done, stop, env, warnings):
                 warnings.append(threading.Thread(target=_warn_by_time_limit, args=(cluster, jobid, env, done[method])))
                 warnings[-1].start()
                 continue
-            subprocess.run(["scontrol", "requeue", jobid], env=env, check=True, capture_output=True)
+            _requeue_now(jobid, env)
             done[method] = jobid
-            deadline = time.time() + 120
-            while time.time() < deadline and not subprocess.run(
-                    ["squeue", "-h", "-j", jobid, "-o", "%T"], env=env, capture_output=True, text=True).stdout.startswith("PENDING"):
-                time.sleep(0.2)
-            subprocess.run(["scontrol", "update", f"JobId={jobid}", "StartTime=now"], env=env, check=True, capture_output=True)
         time.sleep(0.3)
+
+
+def _requeue_now(jobid, env):
+    """`scontrol requeue` a running job (Slurm's SIGTERM, then the same job id runs again), let start
+    at once (Slurm holds a requeued job ~2 minutes: BeginTime)."""
+    import time
+
+    subprocess.run(["scontrol", "requeue", jobid], env=env, check=True, capture_output=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not subprocess.run(
+            ["squeue", "-h", "-j", jobid, "-o", "%T"], env=env, capture_output=True, text=True).stdout.startswith("PENDING"):
+        time.sleep(0.2)
+    subprocess.run(["scontrol", "update", f"JobId={jobid}", "StartTime=now"], env=env, check=True, capture_output=True)
 
 
 @background.part("Slurm training interrupted", after=("Slurm diagnostic",))
@@ -693,3 +745,170 @@ def test_a_warning_missing_or_of_another_signal_is_refused_naming_the_setting(tm
     assert window_problems(paper, Profile.from_file()) == []  # the profile as shipped
     # the check covers the rules the workflow has: without the diagnostic, spines is not asked about
     assert len(window_problems(paper, prof, rules={"train", "generate", "grade"})) == 1
+
+
+# -- watching the runs: python -m pwopsd.status ------------------------------------------------
+
+def _status_cli(work, targets, cluster, *extra):
+    """`python -m pwopsd.status` on a run of the test Slurm: its JSON and its terminal output."""
+    out = work / f"status-{len(list(work.glob('status-*.json')))}.json"
+    proc = subprocess.run([sys.executable, "-m", "pwopsd.status", "--directory", str(work), *targets, "--json", str(out),
+                           *extra], capture_output=True, text=True, env=cluster.env(), cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text()), proc.stdout
+
+
+def _job(status, rule):
+    (job,) = [j for j in status["jobs"] if j["rule"] == rule]
+    return job
+
+
+@pytest.mark.workflow
+def test_the_status_command_shows_the_slurm_diagnostic_its_failure_and_its_spend(slurm_run, slurm_cluster):
+    """During the run the status showed jobs running on Slurm beside done and waiting ones; after
+    it, every job is done, the failure (candidates, killed for its memory) is shown with its Slurm
+    state, exit code, attempt and its log's last lines, followed by its resubmission, and the job
+    requeued while it ran with its two runs, counted as a resubmission; the GPU-hours spent are
+    Slurm's accounting (elapsed x allocated GPUs) next to the cost plan's."""
+    from pwopsd import cost
+    from pwopsd.config import load_config_files
+
+    work, proc, jobs, snapshots, requeued = slurm_run
+    assert proc.returncode == 0
+    errors = [s for s in snapshots if isinstance(s, str)]
+    assert not errors, errors
+    total = len(snapshots[-1].jobs)
+    running = [s for s in snapshots if s.counts()["running"] and s.counts()["done"] < total]
+    assert running, [s.counts() for s in snapshots]
+    slurm_ids = {j["jobid"] for j in jobs}
+    for snap in running:
+        assert sum(snap.counts().values()) == total
+        for job in snap.jobs:
+            if job.state == "running":  # a real job of the cluster, in its running attempt
+                assert job.attempts[-1].slurm_jobid in slurm_ids and job.attempts[-1].state == "RUNNING", job
+    status, shown = _status_cli(work, DIAGNOSTIC_TARGETS, slurm_cluster, "--plan-vs-spent")
+    assert status["counts"] == {"done": total, "running": 0, "queued": 0, "failed": 0, "waiting": 0}
+    assert status["accounting"] == "sacct"
+    # the failure, with its reason, and its resubmission
+    first, second = jobs_by_rule(jobs)["candidates"]
+    candidates = _job(status, "candidates")
+    failed, retried = candidates["attempts"]
+    assert (failed["slurm_jobid"], failed["state"], retried["slurm_jobid"], retried["state"]) == (
+        first["jobid"], first["state"], second["jobid"], "COMPLETED")
+    assert failed["reason"].startswith("out of memory") and failed["exit_code"] == first["exit"]
+    assert any("exceeded job memory limit" in line.lower() for line in failed["log_tail"]), failed
+    assert "out of memory" in shown and first["jobid"] in shown
+    # the job interrupted while it ran: requeued by Slurm, run again under its job id
+    (jobid,) = requeued
+    interrupted, resumed = _job(status, REQUEUED_RULE)["attempts"]
+    assert (interrupted["slurm_jobid"], interrupted["state"], resumed["slurm_jobid"], resumed["state"]) == (
+        jobid, "REQUEUED", jobid, "COMPLETED")
+    assert interrupted["reason"].startswith("requeued by Slurm") and resumed["resubmitted_after_notice"]
+    assert sorted((j["rule"], len(j["attempts"])) for j in status["jobs"] if any(a["reason"] for a in j["attempts"])) == [
+        ("candidates", 2), (REQUEUED_RULE, 2)]
+    assert "resubmitted after a notice or requeue: 1" in shown
+    # spend: Slurm's accounting against the plan
+    cfg = load_config_files([work / "config" / "config.yaml"])
+    every_run = jobs_by_rule(slurm_cluster.jobs(all_runs=True))  # a requeued job's runs too
+    for rule, gpus in (("spines", 2), ("forced_continuation", 2), ("teacher_pass", 1), ("mc_dropout", 1)):
+        job = _job(status, rule)
+        assert job["gpus"] == gpus and all(a["gpus"] == gpus for a in job["attempts"])
+        spent = sum(a["seconds"] * a["gpus"] for a in job["attempts"]) / 3600
+        assert spent == pytest.approx(sum(int(run["elapsed"]) for run in every_run[rule]) * gpus / 3600)
+        planned = cost.job_hours(cost.Job(rule, job["wildcards"], gpus), cfg) * gpus
+        assert job["planned_gpu_hours"] == pytest.approx(planned) and planned > 0
+    rows = {r["rule"]: r for r in status["spend"]}
+    assert rows["spines"]["spent_gpu_hours"] == pytest.approx(int(jobs_by_rule(jobs)["spines"][0]["elapsed"]) * 2 / 3600)
+    assert "Planned against spent" in shown
+
+
+@pytest.mark.workflow
+def test_a_cost_overlay_fitted_to_the_slurm_diagnostic_prices_it_closer(slurm_run, slurm_cluster, tmp_path):
+    """--fit-overlay on the finished run: the overlay's assumptions price its GPU jobs closer to what
+    they cost than the assumptions in force, and the cost plan reads it."""
+    from pwopsd import cost
+    from pwopsd.config import load_config_files
+    from pwopsd.status import collect
+    from pwopsd.status import fit as fitmod
+
+    work = slurm_run[0]
+    overlay = tmp_path / "fitted.yaml"
+    _, shown = _status_cli(work, DIAGNOSTIC_TARGETS, slurm_cluster, "--fit-overlay", str(overlay))
+    assert f"wrote {overlay}" in shown
+    fitted = load_config_files([work / "config" / "config.yaml", overlay])
+    base = load_config_files([work / "config" / "config.yaml"])
+    # a toy's jobs are mostly start-up: the start-up is corrected at least (the throughputs: the
+    # planted-value test in tests/test_status.py)
+    assert "startup_min" in fitted["cluster"]["cost_assumptions"]
+    assert cost.assumptions(fitted)["startup_min"] < cost.assumptions(base)["startup_min"]
+    data = fitmod.samples(collect(work, DIAGNOSTIC_TARGETS, env=slurm_cluster.env()))
+    assert {s.job.rule for s in data} == {"spines", "forced_continuation", "teacher_pass", "mc_dropout"}
+    assert fitmod.residual(data, fitted, cost.assumptions(fitted)) < fitmod.residual(data, base, cost.assumptions(base))
+
+
+@pytest.mark.workflow
+def test_the_status_command_counts_resubmissions_after_a_notice_and_a_requeue(slurm_training, slurm_cluster):
+    """The training run warned by its time limit (stopped on notice, exit 75) and resubmitted, and
+    the one requeued by Slurm: each shown with its two attempts, the first's reason, the second
+    counted as a resubmission after a notice."""
+    work, proc, done, jobs = slurm_training
+    assert proc.returncode == 0
+    targets = [f"results/training/tiny_qwen3/{m}/adapter" for m in INTERRUPTED]
+    status, shown = _status_cli(work, targets, slurm_cluster)
+    assert status["counts"]["done"] == len(status["jobs"]) and status["counts"]["failed"] == 0
+    by_method = {j["wildcards"].get("method"): j for j in status["jobs"] if j["rule"] == "train"}
+    notice, after = by_method["opsd"]["attempts"]
+    (warned,) = [j for j in slurm_cluster.jobs(all_runs=True) if j["jobid"] == done["opsd"]["jobid"]]
+    assert (notice["slurm_jobid"], notice["state"], notice["exit_code"], after["state"]) == (
+        warned["jobid"], warned["state"], warned["exit"], "COMPLETED")
+    assert notice["reason"].startswith("stopped on notice") and after["resubmitted_after_notice"]
+    assert notice["log"].endswith(f"{warned['jobid']}.log")
+    assert any(line.startswith("pwopsd job stopped on notice: stopped on SIGTERM after step") for line in notice["log_tail"])
+    requeued, again = by_method["eopd"]["attempts"]
+    assert (requeued["slurm_jobid"], requeued["state"], again["slurm_jobid"], again["state"]) == (
+        done["eopd"], "REQUEUED", done["eopd"], "COMPLETED")
+    assert requeued["reason"].startswith("requeued by Slurm") and again["resubmitted_after_notice"]
+    assert "resubmitted after a notice or requeue: 2" in shown
+
+
+def _rgb(hex_color):
+    return tuple(int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+
+
+@pytest.mark.workflow
+def test_the_status_page_rendered_by_chromium_shows_progress_and_spend(slurm_run, chromium, tmp_path):
+    """The HTML page of the Slurm diagnostic while it ran, rendered by headless Chromium: the
+    screenshot holds the progress bar in the proportions of the job counts, and the planned and
+    spent GPU-hour bars."""
+    from PIL import Image
+
+    from pwopsd.status import render
+
+    snapshots = [s for s in slurm_run[3] if not isinstance(s, str)]
+    # the snapshot with the most kinds of jobs in it (done, running, waiting, ...), the latest of those
+    snap = max(reversed(snapshots), key=lambda s: (sum(1 for n in s.counts().values() if n), s.counts()["done"]))
+    page = tmp_path / "status.html"
+    page.write_text(render.page(snap))
+    assert "<script" not in page.read_text() and "http" not in page.read_text().replace("http://www.w3.org/2000/svg", "")
+    png = tmp_path / "status.png"
+    screenshot(chromium, page, png, tmp_path / "chromium-profile")
+    image = Image.open(png).convert("RGB")
+    pixels = image.load()
+    width, height = image.size
+    counts = snap.counts()
+    # the first row of the page wider than the legend's squares in progress colours is the run's own
+    # bar: its parts in proportion
+    colours = {s: _rgb(render.COLORS[s]) for s in counts}
+
+    def shares(y):
+        return {s: sum(1 for x in range(width) if pixels[x, y] == c) for s, c in colours.items()}
+
+    run_bar = next(bar for bar in map(shares, range(height)) if sum(bar.values()) > 100)
+    bar = sum(run_bar.values())
+    assert 300 <= bar <= 322, run_bar  # the 320-px bar
+    for state, n in counts.items():
+        assert abs(run_bar[state] - bar * n / len(snap.jobs)) <= 2, (run_bar, counts)
+    everywhere = {name: sum(1 for y in range(0, height, 2) for x in range(0, width, 2) if pixels[x, y] == _rgb(color))
+                  for name, color in render.COLORS.items()}
+    assert everywhere["planned"] > 20 and everywhere["spent"] > 20, everywhere  # the spend chart's bars
+    assert counts["done"] and counts["running"] + counts["queued"] and len(snap.jobs) > counts["done"], counts
