@@ -297,3 +297,129 @@ def test_the_status_of_the_tiny_run_shows_every_job_done_with_its_benchmark_seco
     assert trained == set(cfg["tables"]["main"]["methods"])
     assert "rule_build_tiny_model_wildcards_tiny_qwen3" in main and "rule_spines_wildcards_tiny_qwen3" not in main
     assert "progress" in page.read_text() and "<script" not in page.read_text()
+
+
+# -- attempts across invocations, requeues and the fit's constraints ------------------------------
+
+def _events(folder, name, host, pid, events):
+    import json
+    import socket
+
+    lines = [{"event": "workflow_started", "time": events[0][0] - 1, "workflow_id": name, "cwd": "", "snakefile": "",
+              "host": host or socket.gethostname(), "pid": pid}]
+    for t, kind, extra in events:
+        lines.append({"event": kind, "time": t, **extra})
+    (folder / f"{name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_a_job_cut_off_in_one_run_and_made_in_the_next_has_two_attempts(tmp_path):
+    """The first Snakemake (on another host, never closed) was stopped while the job ran; the
+    second made it: the first attempt is cut off (not running, not completed, no time), the second
+    completed with its benchmark's seconds. While a live run's job is still marked incomplete by
+    Snakemake it runs, whatever outputs exist."""
+    import os
+
+    from pwopsd.status.collect import _local_attempts, incomplete_marker
+
+    folder = tmp_path / ev.EVENTS_DIR
+    folder.mkdir(parents=True)
+    info = {"jobid": 3, "rule": "make", "wildcards": {"name": "x"}, "output": ["out/x"], "log": [],
+            "benchmark": ["bench/x.tsv"], "resources": {}, "local": True}
+    _events(folder, "a", "login-node-7", 1, [(10.0, "job_info", info)])
+    _events(folder, "b", None, None, [(20.0, "job_started", {"jobs": [3]}), (21.0, "job_info", info),
+                                      (50.0, "job_finished", {"jobid": 3}), (51.0, "closed", {})])
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "x").write_text("made\n")
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "x.tsv").write_text("s\th:m:s\n28.5\t0:00:28\n")
+    invocations, attempts = ev.load(tmp_path)
+    assert [i.alive for i in invocations] == [None, False]
+    job = cost.Job("make", {"name": "x"}, 0, output=["out/x"], benchmark="bench/x.tsv")
+    first, second = _local_attempts(tmp_path, job, attempts, have_sacct=False)
+    assert (first.state, first.seconds, first.reason) == ("CANCELLED", None, "Snakemake stopped while it ran")
+    assert (second.state, second.seconds, second.start) == ("COMPLETED", 28.5, 20.0)
+    # a live run (this process), its job's end not logged: incomplete while Snakemake marks it
+    _events(folder, "c", None, os.getpid(), [(100.0, "job_info", {**info, "jobid": 1})])
+    os.utime(tmp_path / "out" / "x", (200.0, 200.0))
+    marker = incomplete_marker(tmp_path, "out/x")
+    marker.parent.mkdir(parents=True)
+    marker.write_text("{}")
+    _, attempts = ev.load(tmp_path)
+    assert _local_attempts(tmp_path, job, attempts, have_sacct=False)[-1].state == "RUNNING"
+    marker.unlink()
+    assert _local_attempts(tmp_path, job, attempts, have_sacct=False)[-1].state == "COMPLETED"
+
+
+def test_the_incomplete_marker_is_snakemakes(tmp_path):
+    """The path of Snakemake's own record (its FilePersistence._record_path, names of at most 255
+    characters), for a short and a long output path."""
+    from snakemake.persistence.file import FilePersistence
+
+    from pwopsd.status.collect import incomplete_marker
+
+    persistence = object.__new__(FilePersistence)  # only the record layout is used: no lock, no folders
+    persistence._max_len = 255
+    for output in ("results/tables/main_4b.tex", "results/" + "x" * 300):
+        assert incomplete_marker(tmp_path, output) == Path(
+            persistence._record_path(str(tmp_path / ".snakemake" / "incomplete"), output))
+
+
+def _record(jobid, state, exit_code="0:0", seconds=10.0):
+    from pwopsd.status.slurm import SlurmAttempt
+
+    return SlurmAttempt(jobid, "rule_train_wildcards_m_opsd", state, exit_code, seconds, 1.0, 2.0, 3.0, 4, "gpu", "n1",
+                        "01:00:00", "/w")
+
+
+def test_a_requeued_jobs_runs_share_its_log_which_is_the_latest_runs(tmp_path):
+    """Slurm reuses a requeued job's id and log: the earlier run's reason is its state's, the log
+    (and what it says) the latest run's; a run stopped on notice is told by its log's line."""
+    from pwopsd.status.collect import _slurm_attempts
+
+    job = cost.Job("train", {"model": "m", "method": "opsd"}, 4, output=["adapter"])
+    logdir = tmp_path / "logs/slurm/rule_train/m_opsd"
+    logdir.mkdir(parents=True)
+    (logdir / "7.log").write_text("pwopsd job stopped on notice: stopped on SIGTERM after step 4 of 16\n")
+    (logdir / "8.log").write_text("step 16 done\n")
+    first, second, third = _slurm_attempts(tmp_path, job, [_record("7", "REQUEUED"), _record("7", "FAILED", "1:0"),
+                                                            _record("8", "COMPLETED")], ["logs/slurm"])
+    assert (first.log, first.reason) == (None, "requeued by Slurm (preemption, node failure or scontrol requeue)")
+    assert second.log == "logs/slurm/rule_train/m_opsd/7.log" and second.reason.startswith("stopped on notice")
+    assert second.resubmitted_after_notice and third.resubmitted_after_notice and third.reason == ""
+
+
+def test_the_fit_keeps_every_value_positive_and_leaves_out_non_resumable_requeues():
+    """Noisy measurements whose plain least squares wants a negative start-up: the fit keeps every
+    coefficient positive, prices the jobs closer than before, and writes only positive values; a
+    requeued run of a rule that cannot resume (MC dropout restarts from nothing) is not fitted."""
+    import numpy as np
+
+    cfg, jobs = _paper_jobs()
+    status = _planted_status(cfg, [j for j in jobs if j.rule != "train"])
+    rng = np.random.default_rng(2)
+    for job in status.jobs:  # start-up nearly 0 and 8% noise
+        (att,) = job.attempts
+        work = 3600 * (cost.job_hours(job.job, cfg) - cost.assumptions(cfg)["startup_min"] / 60)
+        att.seconds = 1.0 + 0.4 * work * (1 + 0.08 * rng.standard_normal())
+    new, report = fitmod.fit(status, cfg)
+    assert len(fitmod.samples(status)) == len(status.jobs) == 12
+    assert all(v > 0 for v in new.values()) and report["error_after"] < report["error_before"] / 5, (new, report)
+    assert {"startup_min", "decode_tok_s_per_gpu_4b", "stream_tok_s_4b"} <= set(new)
+    mc = next(j for j in status.jobs if j.rule == "mc_dropout")
+    mc.attempts = [Attempt(1, "REQUEUED", 500.0, 1, None, None, reason="requeued by Slurm"), *mc.attempts]
+    (sample,) = [s for s in fitmod.samples(status) if s.job is mc]
+    assert sample.attempts == 1 and sample.spent_h == pytest.approx(mc.attempts[-1].seconds / 3600)
+
+
+def test_nonnegative_least_squares_against_a_brute_force_search():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = np.abs(rng.normal(size=(12, 3))) + 0.1
+    y = x @ np.array([2.0, -1.0, 0.5]) + 0.01 * rng.normal(size=12)
+    coef = fitmod.nonnegative_lstsq(x, y, keep=0)
+    assert coef[1] == 0 and coef[0] > 0 and coef[2] > 0
+    # no grid point with non-negative coefficients fits better
+    err = ((x @ coef - y) ** 2).sum()
+    grid = np.linspace(0, 3, 31)
+    assert all(((x @ np.array([a, b, c]) - y) ** 2).sum() >= err - 1e-9 for a in grid for b in grid[:5] for c in grid)

@@ -13,7 +13,9 @@ import hashlib
 import json
 import math
 import os
+import re
 import time
+from base64 import urlsafe_b64encode
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -206,6 +208,10 @@ def default_targets(jobs: list[cost.Job]) -> list[str]:
 
 # -- joining -------------------------------------------------------------------------------------
 
+# Terminal colours (ANSI escapes) and other control characters of a log, left out of its lines.
+CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x08\x0b-\x1f\x7f]")
+
+
 def read_end(path: Path, size: int = 16384) -> str:
     """The last ``size`` bytes of a log ('' when it cannot be read)."""
     try:
@@ -221,7 +227,8 @@ def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
     """A log's last lines that say something: those before the error block a job's own Snakemake
     prints when its job fails (from its first "Error in rule ...": where to look, the shutdown), when
     there is one."""
-    kept = [line.rstrip() for line in read_end(path).splitlines() if line.strip()]
+    text = CONTROL.sub("", read_end(path))
+    kept = [line.rstrip() for line in text.splitlines() if line.strip()]
     block = next((i for i, line in enumerate(kept) if line.startswith("Error in rule ")), None)
     return (kept[:block] if block else kept)[-lines:]
 
@@ -280,7 +287,10 @@ def _slurm_attempts(directory, job, records, logdirs) -> list[Attempt]:
     out = []
     previous = False
     for i, rec in enumerate(records, start=1):
-        logpath = slurm_log(directory, rec, job.rule, job.wildcards, logdirs)
+        # A requeued job's runs share its job id, and so its log (which Slurm starts again, or appends
+        # to): the log is the latest run's; an earlier run's reason is its state's.
+        latest = all(later.jobid != rec.jobid for later in records[i:])
+        logpath = slurm_log(directory, rec, job.rule, job.wildcards, logdirs) if latest else None
         lines = tail(logpath) if logpath else []
         text = read_end(logpath) if logpath else ""
         reason = "" if rec.state in ("COMPLETED", *slurm.ACTIVE_STATES) else slurm_reason(rec, text)
@@ -292,10 +302,20 @@ def _slurm_attempts(directory, job, records, logdirs) -> list[Attempt]:
     return out
 
 
-def _outputs_since(directory: Path, job: cost.Job, start: float) -> bool:
-    """Whether every output of ``job`` exists, written after ``start``."""
+def incomplete_marker(directory: Path, output: str) -> Path:
+    """Snakemake's mark of an output whose job started and has not finished
+    (.snakemake/incomplete/<urlsafe base64 of the path>, split at 254 characters a part)."""
+    b64 = urlsafe_b64encode(output.encode()).decode()
+    parts = [b64[i:i + 254] for i in range(0, len(b64), 254)]
+    return Path(directory, ".snakemake", "incomplete", *(["@" + p for p in parts[:-1]] + parts[-1:]))
+
+
+def _made(directory: Path, job: cost.Job, start: float) -> bool:
+    """Whether ``job``'s outputs were made since ``start``: they all exist, written since, and
+    Snakemake no longer marks them incomplete (it does from a job's start to its end)."""
     try:
-        return bool(job.output) and all((directory / o).stat().st_mtime >= start - 1 for o in job.output)
+        return bool(job.output) and all((directory / o).stat().st_mtime >= start - 1 and
+                                        not incomplete_marker(directory, o).exists() for o in job.output)
     except OSError:
         return False
 
@@ -303,31 +323,33 @@ def _outputs_since(directory: Path, job: cost.Job, start: float) -> bool:
 def _local_attempts(directory, job, attempts: list[ev.LocalAttempt], have_sacct: bool) -> list[Attempt]:
     out = []
     for i, la in enumerate(attempts, start=1):
+        last = i == len(attempts)
         ok = la.ok
-        if ok is None and la.cut_off and _outputs_since(directory, job, la.start):
-            ok = True  # a quiet run (--quiet progress) logs no job's end: its outputs say it finished
+        cut_off = la.cut_off or (ok is None and not last)  # a later attempt of the job began: this one was cut off
+        if ok is None and last and _made(directory, job, la.start):
+            ok = True  # Snakemake logs no job's end with --quiet progress: the outputs say it finished
         if ok:
             state = "COMPLETED"
         elif ok is False:
             state = "FAILED"
-        elif la.cut_off:
+        elif cut_off:
             state = "CANCELLED"
         elif la.local:
             state = "RUNNING"
         else:  # submitted to the cluster: not yet in its accounting, or no accounting to ask here
             state = "PENDING" if have_sacct else "SUBMITTED"
         seconds = la.seconds
-        if ok and la.benchmark:
+        if ok and last and la.benchmark:  # the benchmark file is the last making's
             seconds = _benchmark_seconds(Path(directory) / la.benchmark[0]) or seconds
         if state in ("RUNNING", "SUBMITTED"):
             seconds = time.time() - la.start
-        elif state == "PENDING":
+        elif state == "PENDING" or (state == "CANCELLED" and seconds is None):
             seconds = None
         reason = ""
         lines: list[str] = []
         log = None
         if state in ("FAILED", "CANCELLED"):
-            reason = "Snakemake stopped while it ran" if la.cut_off else (la.msg.strip().splitlines() or ["exited with an error"])[0]
+            reason = "Snakemake stopped while it ran" if cut_off else (la.msg.strip().splitlines() or ["exited with an error"])[0]
             for name in la.log:
                 lines = tail(Path(directory) / name)
                 if lines:
@@ -423,9 +445,9 @@ def _state(directory: Path, job: cost.Job, attempts: list[Attempt], local: list[
     outputs_there = bool(job.output) and all((directory / o).exists() for o in job.output)
     if last is None:
         return "done" if outputs_there else "waiting"
-    if last.state == "PENDING" or (last.state == "REQUEUED" and snakemake_open):
+    if last.state in ("PENDING", "REQUEUE_HOLD", "REQUEUE_FED") or (last.state == "REQUEUED" and snakemake_open):
         return "queued"
-    if last.state in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "SUBMITTED"):
+    if last.state in (*slurm.ACTIVE_STATES, "SUBMITTED"):
         return "running"
     if last.state == "COMPLETED":
         if outputs_there:

@@ -10,10 +10,10 @@ over the finished jobs, the start-up and one factor per kind such that
     spent = attempts x startup + factor[kind] x planned work
 
 (``attempts``: the submissions that did the job's work, a first one and those resumed after a
-notice or requeue; attempts that failed are waste, not the model's). Where that fit is not
-possible (too few or too alike jobs) or gives a negative factor (time that is nearly all
-start-up), the start-up is fitted alone with the throughputs in force, then each factor given
-it; a factor that stays negative leaves its throughput as it is. Training is fitted after
+notice or requeue by a rule that resumes; attempts that failed are waste, not the model's). The
+least squares keeps every coefficient positive (:func:`nonnegative_lstsq`): a kind whose factor
+would not be leaves its throughput as it is, and a run that fits no start-up gets
+MIN_STARTUP_MIN. Training is fitted after
 them, with the corrected throughputs, by ``train_step_scale``. The corrected assumptions are
 written as a config overlay (``cluster.cost_assumptions``) that the cost plan, the retries and
 the notice windows read.
@@ -21,6 +21,7 @@ the notice windows read.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -53,8 +54,9 @@ def samples(status: Status) -> list[Sample]:
             continue
         # the attempts of its last making (an earlier run of the job, before its inputs changed, is not this one)
         last_made = max((i for i, a in enumerate(job.attempts[:-1]) if a.state == "COMPLETED"), default=-1)
+        resumes = job.rule in cost.NOTICE_KINDS  # a requeued job of another rule starts again from nothing
         useful = [a for a in job.attempts[last_made + 1:] if a.seconds is not None and (a.state == "COMPLETED" or
-                  a.reason.startswith("stopped on notice") or a.state in ("REQUEUED", "PREEMPTED"))]
+                  resumes and (a.reason.startswith("stopped on notice") or a.state in ("REQUEUED", "PREEMPTED")))]
         if not useful or useful[-1].state != "COMPLETED":
             continue
         out.append(Sample(job, kind, len(useful), sum(a.seconds for a in useful) / 3600.0))
@@ -78,21 +80,14 @@ def fit(status: Status, cfg: dict) -> tuple[dict, dict]:
     if gpu:
         x = np.array([[s.attempts] + [work_hours(s.job, cfg, a) if s.kind == k else 0.0 for k in kinds] for s in gpu])
         y = np.array([s.spent_h for s in gpu])
-        coef, _, rank, _ = np.linalg.lstsq(x, y, rcond=None)
-        if rank == x.shape[1] and coef[0] > 0 and all(c > 0 for c in coef[1:]):
-            startup_h, factors = float(coef[0]), dict(zip(kinds, map(float, coef[1:])))
-        else:
-            # Too few or too alike jobs, or a run whose time is mostly start-up (a negative factor):
-            # the start-up alone with the throughputs in force, then each factor given that start-up.
-            n, work = x[:, 0], x[:, 1:].sum(axis=1)
-            alone = float((n * (y - work)).sum() / (n * n).sum())
-            startup_h = alone if alone > 0 else startup_h
-            factors = {}
-            for i, k in enumerate(kinds, start=1):
-                w = x[:, i]
-                rest = y - n * startup_h
-                factors[k] = float((rest * w).sum() / (w * w).sum()) if (w * w).sum() else 0.0
-            factors = {k: f for k, f in factors.items() if f > 0}
+        coef = nonnegative_lstsq(x, y, keep=0)
+        if coef[0] > 0:
+            startup_h = float(coef[0])
+        else:  # no start-up fits (nearly none at all): the least a job takes to start a process
+            startup_h = MIN_STARTUP_MIN / 60.0
+            coef = nonnegative_lstsq(x[:, 1:], y - x[:, 0] * startup_h, keep=None)
+            coef = np.concatenate([[startup_h], coef])
+        factors = {k: float(c) for k, c in zip(kinds, coef[1:]) if c > 0}  # a kind left at 0 keeps its throughput
         new["startup_min"] = startup_h * 60.0
         for k, f in factors.items():
             for name in THROUGHPUTS[k]:
@@ -110,6 +105,30 @@ def fit(status: Status, cfg: dict) -> tuple[dict, dict]:
     report["error_before"] = residual(data, cfg, a)
     report["error_after"] = residual(data, cfg, {**a, **new})
     return new, report
+
+
+# The start-up written when the fit finds none (a process and its imports).
+MIN_STARTUP_MIN = 0.1
+
+
+def nonnegative_lstsq(x: np.ndarray, y: np.ndarray, keep: int | None) -> np.ndarray:
+    """Least squares with every coefficient > 0 or left out (0), column ``keep`` always in: the best
+    fit over the subsets of columns whose plain least squares is all positive (a few columns: every
+    subset is tried). All zeros when none is."""
+    cols = x.shape[1]
+    best, best_err = np.zeros(cols), math.inf
+    for mask in range(1, 2 ** cols):
+        subset = [j for j in range(cols) if mask >> j & 1]
+        if keep is not None and keep not in subset:
+            continue
+        coef, *_ = np.linalg.lstsq(x[:, subset], y, rcond=None)
+        if np.linalg.matrix_rank(x[:, subset]) < len(subset) or not all(c > 0 for c in coef):
+            continue
+        err = float(((x[:, subset] @ coef - y) ** 2).sum())
+        if err < best_err - 1e-15:
+            best, best_err = np.zeros(cols), err
+            best[subset] = coef
+    return best
 
 
 def residual(data: list[Sample], cfg: dict, a: dict) -> float:
