@@ -132,6 +132,8 @@ def test_a_job_imports_pwopsd_from_the_workflow_src_in_an_env_without_it(tmp_pat
                          capture_output=True, text=True, env={**clean, "PATH": f"{env_dir / 'bin'}:{clean['PATH']}"})
     assert run.returncode == 0, run.stderr[-3000:]
     assert (tmp_path / "work" / "results" / "data" / "benchmarks" / "arith_l1.parquet").exists()
+    # the workflow attached its logger plugin from src/ too: the run's events are there (pwopsd.status)
+    assert len(list((tmp_path / "work" / ".snakemake" / "pwopsd" / "events").glob("*.jsonl"))) == 1
     parsed = subprocess.run([sys.executable, "-c", "import os; from pwopsd.standalone import mock_snakemake; "
                              f"mock_snakemake('prepare_benchmark', {str(tmp_path / 'work')!r}, benchmark='arith_l1'); "
                              "print(os.environ['PYTHONPATH'])"], capture_output=True, text=True, env=clean, cwd=REPO)

@@ -1,8 +1,9 @@
 """Snakemake logger plugin ``pwopsd``: a run's job events, one JSON object a line.
 
-    snakemake --logger pwopsd ...        (profiles/default turns it on for every run)
+    snakemake --logger pwopsd ...        (this workflow attaches it to every run by itself)
 
-Each Snakemake invocation that runs a job (not a dry run, not a run with nothing to do) writes its own file,
+The workflow attaches it to every run of itself (workflow/rules/common.smk, :func:`attach`);
+``--logger pwopsd`` attaches it as a plugin, in any workflow. Each Snakemake invocation that runs a job (not a dry run, not a run with nothing to do) writes its own file,
 ``.snakemake/pwopsd/events/<start time>-<workflow id>.jsonl`` under the working directory: the
 workflow's start, the planned job counts, every job's submission (rule, wildcards, outputs, logs,
 benchmark, resources), start, end and error (with the executor's message, which for Slurm names
@@ -16,9 +17,11 @@ and marked a run whose failed job succeeded on retry as failed (docs/status.md).
 """
 
 import json
+import logging
 import os
 import socket
 import time
+from types import SimpleNamespace
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from logging import LogRecord
@@ -105,10 +108,13 @@ def event_of(record: LogRecord) -> Optional[dict]:
 
 
 class LogHandler(LogHandlerBase):
+    active = False  # a handler of this plugin is attached to this process's Snakemake
+
     def __post_init__(self) -> None:
         self._pending: list = []  # events before the workflow's start names the file
         self._file = None
         self._closed = False
+        LogHandler.active = True
 
     def _open(self, started: dict) -> None:
         folder = Path(self.settings.dir) if self.settings and self.settings.dir else EVENTS_DIR
@@ -174,3 +180,17 @@ class LogHandler(LogHandlerBase):
     @property
     def needs_rulegraph(self) -> bool:
         return False
+
+
+def attach(dryrun: bool) -> Optional[LogHandler]:
+    """Attach a handler to Snakemake's logger when ``--logger pwopsd`` did not: the workflow calls
+    this while its Snakefile is read (main process only), so that every run of it records its
+    events, also from a Snakemake environment where this package is not installed (the workflow
+    puts src/ on its path) and with any profile. None when one is attached already."""
+    if LogHandler.active:
+        return None
+    common = SimpleNamespace(dryrun=dryrun, printshellcmds=False, nocolor=True, quiet=None, debug_dag=False,
+                             verbose=False, show_failed_logs=False, stdout=False)
+    handler = LogHandler(common, LogHandlerSettings())
+    logging.getLogger("snakemake.logging").addHandler(handler)  # closed by logging.shutdown at exit
+    return handler

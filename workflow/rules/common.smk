@@ -19,6 +19,16 @@ from pwopsd import settings
 from pwopsd.generation.sampling import generation_path
 
 from snakemake.logging import logger
+from snakemake_interface_executor_plugins.settings import ExecMode
+
+# The run's job events for `python -m pwopsd.status` (docs/status.md): the pwopsd logger plugin,
+# attached by the workflow itself in the main process (unless --logger pwopsd did), so that every
+# run records them, from any environment and with any profile. A dry run records nothing.
+if workflow.exec_mode == ExecMode.DEFAULT:
+    import snakemake_logger_plugin_pwopsd
+
+    # (workflow.dryrun reads the executor, not yet set while the Snakefile is read; the output settings are)
+    snakemake_logger_plugin_pwopsd.attach(dryrun=bool(getattr(workflow.output_settings, "dryrun", False)))
 
 try:
     # Snakemake's own YAML reading keeps the last of two equal keys: read the config files again

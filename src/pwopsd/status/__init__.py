@@ -6,7 +6,7 @@
     python -m pwopsd.status --plan-vs-spent [--fit-overlay FILE]       after the run
 
 Sources (docs/status.md): the run's events, recorded by this project's Snakemake logger plugin
-(``--logger pwopsd``, on in profiles/default); Slurm's accounting (``sacct``) where jobs ran on
+(attached by the workflow to every run, or ``--logger pwopsd``); Slurm's accounting (``sacct``) where jobs ran on
 Slurm, else the ``benchmark:`` files; the plan is Snakemake's own DAG for the targets, priced by
 pwopsd.cost.
 """

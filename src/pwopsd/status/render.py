@@ -53,7 +53,7 @@ def summary_line(status: Status) -> str:
     c = status.counts()
     inv = status.invocations[-1] if status.invocations else None
     if inv is None:
-        run = "no recorded Snakemake run (the pwopsd logger plugin records runs; profiles/default turns it on)"
+        run = "no recorded Snakemake run (jobs shown from their outputs and benchmark files)"
     else:
         alive = {True: "running", False: "ended", None: "started on another host, not closed"}[inv["alive"]]
         run = f"{len(status.invocations)} Snakemake run(s), the last {alive} (started {_when(inv['start'])})"
