@@ -423,3 +423,19 @@ def test_nonnegative_least_squares_against_a_brute_force_search():
     err = ((x @ coef - y) ** 2).sum()
     grid = np.linspace(0, 3, 31)
     assert all(((x @ np.array([a, b, c]) - y) ** 2).sum() >= err - 1e-9 for a in grid for b in grid[:5] for c in grid)
+
+
+def test_a_logs_tail_keeps_the_lines_that_say_why_it_ended(tmp_path):
+    """Slurm's kill message followed by more than a tail of other lines (a loaded node): the lines
+    naming the cause come first, then the last lines before the job's own Snakemake error block."""
+    from pwopsd.status.collect import TAIL_LINES, tail
+
+    log = tmp_path / "3.log"
+    log.write_text("\n".join(["loading", "slurmstepd-vm: error: Exceeded job memory limit",
+                               "srun: error: vm: task 0: Killed", *(f"line {i}" for i in range(10)),
+                               "Error in rule candidates:", "    jobid: 0", "Shutting down"]) + "\n")
+    shown = tail(log)
+    assert shown[0] == "slurmstepd-vm: error: Exceeded job memory limit"
+    assert shown[1:] == [f"line {i}" for i in range(10 - TAIL_LINES, 10)]
+    log.write_text("a\nb\nslurmstepd: x\nc\n")  # a short log: the cause is in the tail already
+    assert tail(log) == ["a", "b", "slurmstepd: x", "c"]

@@ -212,6 +212,12 @@ def default_targets(jobs: list[cost.Job]) -> list[str]:
 CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x08\x0b-\x1f\x7f]")
 
 
+# Log lines that name why a job ended: Slurm's step daemon (memory, time limit, cancel), the kernel's
+# OOM killer, a job stopped on notice.
+CAUSE = re.compile(r"slurmstepd|oom-kill|out of memory|exceeded .*memory limit|pwopsd job stopped on notice|DUE TO TIME LIMIT",
+                   re.I)
+
+
 def read_end(path: Path, size: int = 16384) -> str:
     """The last ``size`` bytes of a log ('' when it cannot be read)."""
     try:
@@ -230,7 +236,11 @@ def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
     text = CONTROL.sub("", read_end(path))
     kept = [line.rstrip() for line in text.splitlines() if line.strip()]
     block = next((i for i, line in enumerate(kept) if line.startswith("Error in rule ")), None)
-    return (kept[:block] if block else kept)[-lines:]
+    before = kept[:block] if block else kept
+    last = before[-lines:]
+    # The lines that say why (Slurm's kill, a notice), when more lines came after them: first.
+    why = [line for line in before[:-lines] if CAUSE.search(line)][-3:]
+    return why + last
 
 
 # What a job's Slurm log says when its script stopped on notice (pwopsd.notice.exit_on_notice, and
