@@ -98,11 +98,14 @@ class Status:
     def resubmissions_after_notice(self) -> int:
         return sum(a.resubmitted_after_notice for j in self.jobs for a in j.attempts)
 
-    def spend(self) -> list[dict]:
+    def spend(self, done_only: bool = False) -> list[dict]:
         """Per rule and model: jobs, done, planned and spent GPU-hours, spent job-seconds, the plan of
-        the jobs not done yet."""
+        the jobs not done yet (``done_only``: of the finished jobs alone, the plan checked against
+        what it cost)."""
         rows: dict[tuple[str, str], dict] = {}
         for job in self.jobs:
+            if done_only and job.state != "done":
+                continue
             row = rows.setdefault((job.rule, job.model), {
                 "rule": job.rule, "model": job.model, "jobs": 0, "done": 0, "gpus": job.gpus, "planned_gpu_hours": 0.0,
                 "spent_gpu_hours": 0.0, "spent_seconds": 0.0, "remaining_gpu_hours": 0.0, "attempts": 0, "priced": True})

@@ -152,19 +152,4 @@ def overlay_text(new: dict, report: dict, status: Status) -> str:
 
 def plan_vs_spent(status: Status) -> list[dict]:
     """Per rule and model: planned and spent GPU-hours and job-seconds of the finished jobs."""
-    rows: dict[tuple, dict] = {}
-    for job in status.jobs:
-        if job.state != "done":
-            continue
-        r = rows.setdefault((job.rule, job.model), {"rule": job.rule, "model": job.model, "jobs": 0, "gpus": job.gpus,
-                                                   "planned_gpu_hours": 0.0, "spent_gpu_hours": 0.0, "spent_seconds": 0.0,
-                                                   "attempts": 0, "priced": True})
-        r["jobs"] += 1
-        r["attempts"] += len(job.attempts)
-        r["spent_gpu_hours"] += job.spent_gpu_hours
-        r["spent_seconds"] += job.spent_seconds
-        if job.planned_gpu_hours is None:
-            r["priced"] = False
-        else:
-            r["planned_gpu_hours"] += job.planned_gpu_hours
-    return sorted(rows.values(), key=lambda r: (-r["planned_gpu_hours"], -r["spent_seconds"], r["rule"], r["model"]))
+    return status.spend(done_only=True)
