@@ -219,18 +219,10 @@ def _chromium_part():
 
     def install():
         import shutil
-        import subprocess
 
-        found = shutil.which("chromium")
-        if found:
-            return found
-        if not shutil.which("apt-get") or os.geteuid() != 0:
-            raise RuntimeError("Chromium is not installed and apt-get cannot install it here (needs root and apt)")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"]):
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr[-2000:]}")
+        from apt_install import install as apt_install
+
+        apt_install(["chromium"], present=["chromium"])
         return shutil.which("chromium")
 
     return install

@@ -316,13 +316,14 @@ def test_tiny_results_equal_the_committed_digest(tiny_run):
     """Every number of the tiny run (each table's values, the data behind each figure, the build)
     equals tiny/digest.json, bit for bit: tiny mode pins its CPU kernel path, so every host gives
     these digits. A change that moves a number updates the digest in the same commit."""
-    from pwopsd.report.digest import collect, compare, read_digest
+    from pwopsd.report.digest import collect, compare, platform_lines, read_digest
 
     workdir, _ = tiny_run
-    moved = compare(read_digest(REPO / "tiny" / "digest.json"), collect(workdir / "results"))
+    committed = read_digest(REPO / "tiny" / "digest.json")
+    moved = compare(committed, collect(workdir / "results"))
     assert not moved, ("the tiny run's numbers differ from tiny/digest.json; if the change is meant, update it with\n"
                        "  .venv/bin/snakemake --directory tiny && .venv/bin/python -m pwopsd.report.digest tiny/results "
-                       "--update tiny/digest.json\n" + "\n".join(moved))
+                       "--update tiny/digest.json\n" + "\n".join(moved) + "\n" + "\n".join(platform_lines(committed)))
 
 
 @pytest.mark.workflow

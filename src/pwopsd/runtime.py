@@ -83,9 +83,15 @@ def export_source_path(src: str) -> None:
 
 
 def set_threads(n: int) -> None:
+    """Set torch's thread count and, where the run asks for it (config ``cpu_matmul: exact``, tiny
+    mode), install the exact CPU matrix products (:mod:`pwopsd.exact_matmul`): every job that
+    computes with torch calls this first."""
     import torch
 
+    from pwopsd.exact_matmul import install_if_configured
+
     torch.set_num_threads(max(1, int(n)))
+    install_if_configured()
 
 
 PACKAGES = ("pwopsd", "torch", "transformers", "tokenizers", "peft", "accelerate", "datasets", "huggingface_hub",
@@ -159,6 +165,27 @@ def _missing_flags(path: str, flags: set[str]) -> list[str]:
     return [f for f in KERNEL_PATHS[path]["flags"] if f not in flags]
 
 
+MATMUL_ENV = "PWOPSD_CPU_MATMUL"  # read by pwopsd.exact_matmul in every job (set_threads)
+MATMUL_MODES = ("native", "exact")
+
+
+def pin_matmul(mode: str, environ=os.environ) -> str:
+    """Set how every job of a run computes CPU float32 matrix products (config ``cpu_matmul``):
+    ``native`` (torch's, through MKL: its bits follow the CPU's vendor and model) or ``exact``
+    (:mod:`pwopsd.exact_matmul`: the same bits on every CPU; tiny mode). Jobs inherit it, Slurm
+    jobs too. With ``exact``, MKL and oneDNN no longer compute anything that reaches a result, so
+    :func:`pin_kernel_path` leaves their instruction sets alone (MKL's own is the fastest)."""
+    if mode not in MATMUL_MODES:
+        raise ValueError(f"cpu_matmul must be one of {', '.join(MATMUL_MODES)}; got {mode!r}")
+    environ[MATMUL_ENV] = mode
+    return mode
+
+
+def pinned_matmul() -> str:
+    """How this process's CPU float32 matrix products are computed (:func:`pin_matmul`)."""
+    return os.environ.get(MATMUL_ENV) or "native"
+
+
 def pin_kernel_path(requested: str, environ=os.environ, flags: set[str] | None = None) -> tuple[str | None, str | None]:
     """Pin torch's CPU kernel path for every job of a run (config ``cpu_kernel_path``) by setting
     :data:`KERNEL_PATHS`' environment in ``environ``, which the jobs inherit (also through sbatch,
@@ -200,10 +227,53 @@ def pin_kernel_path(requested: str, environ=os.environ, flags: set[str] | None =
         return None, (f"this CPU cannot take the {requested} kernel path of cpu_kernel_path (it lacks "
                       f"{', '.join(missing)}): torch picks its own, and CPU results (tiny mode's tables) "
                       "will differ from the pinned path's (the README's and tiny/digest.json)")
+    exact = environ.get(MATMUL_ENV) == "exact"  # pin_matmul first: MKL and oneDNN then decide no result
     for name, value in KERNEL_PATHS[requested]["env"].items():
+        if exact and name != KERNEL_PATH_ENV:
+            continue
         if not environ.get(name):  # unset or empty: ours; a user's own MKL or oneDNN setting is kept
             environ[name] = value
     return requested, None
+
+
+def _cpuinfo_fields(cpuinfo: str = "/proc/cpuinfo") -> dict[str, str]:
+    out: dict[str, str] = {}
+    try:
+        with open(cpuinfo) as fh:
+            for line in fh:
+                if not line.strip():
+                    break  # the first processor is enough
+                key, _, value = line.partition(":")
+                out.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return out
+
+
+def numeric_platform() -> dict:
+    """What decides this host's float results, in one record: the CPU's vendor, model and the
+    instruction sets the libraries choose between, the kernel path and matrix products in force,
+    and the numeric libraries' versions (MKL's as torch reports it). The tiny digest carries the
+    record of the host that wrote it, so a failed check tells a new CPU from a change of code."""
+    import torch
+
+    info = _cpuinfo_fields()
+    flags = set(info.get("flags", "").split())
+    mkl = next((line.strip().removeprefix("- ") for line in torch.__config__.show().splitlines() if "Math Kernel Library" in line), None)
+    return {
+        "vendor": info.get("vendor_id") or platform.processor() or None,
+        "model_name": info.get("model name"),
+        "family_model": f"{info.get('cpu family')}/{info.get('model')}" if "cpu family" in info else None,
+        "instruction_sets": " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags),
+        "pinned_kernel_path": pinned_kernel_path(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_matmul": pinned_matmul(),
+        "mkl_cbwr": os.environ.get("MKL_CBWR") or None,
+        "mkl": mkl,
+        "torch": torch.__version__,
+        "numpy": versions().get("numpy"),
+        "python": platform.python_version(),
+    }
 
 
 def pinned_kernel_path() -> str | None:
@@ -215,7 +285,7 @@ def kernel_path_provenance() -> dict:
     """The CPU kernel path of a result: the run's pinned one (every process) and the one torch took
     (``None`` in a process that did not use torch)."""
     return {"cpu_capability": cpu_capability(), "pinned_kernel_path": pinned_kernel_path(),
-            "mkl_cbwr": os.environ.get("MKL_CBWR") or None}
+            "cpu_matmul": pinned_matmul(), "mkl_cbwr": os.environ.get("MKL_CBWR") or None}
 
 
 def provenance(manifest: dict | None = None, **extra) -> dict:

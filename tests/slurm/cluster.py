@@ -46,18 +46,14 @@ def _run(cmd, **kw):
 
 
 def ensure_packages() -> None:
+    from apt_install import AptUnavailable, install
+
     if os.geteuid() != 0:
         raise SlurmUnavailable("the test cluster needs root (daemons, munge key, device files)")
-    if all(shutil.which(d) for d in DAEMONS):
-        return
-    if not shutil.which("apt-get"):
-        raise SlurmUnavailable("slurm-wlm is not installed and there is no apt-get to install it")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
-        _run(["apt-get", "update", "-qq"], env=env)
-        _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES], env=env)
-    except subprocess.CalledProcessError as exc:
-        raise SlurmUnavailable(f"apt-get could not install {PACKAGES}: {exc.stderr[-500:]}") from None
+        install(PACKAGES, present=DAEMONS)
+    except AptUnavailable as exc:
+        raise SlurmUnavailable(str(exc)) from None
 
 
 class SlurmCluster:

@@ -57,8 +57,11 @@ config.update(_validated)
 
 # One CPU kernel path for every job (config cpu_kernel_path; tiny mode: avx2), so that CPU results
 # are the same on every host that can take it. Jobs inherit the variable, Slurm jobs too.
-from pwopsd.runtime import pin_kernel_path
+# How CPU float32 matrix products are computed (config cpu_matmul; tiny mode: exact, the same bits on
+# every CPU vendor, pwopsd.exact_matmul), set first: the kernel path's pin depends on it.
+from pwopsd.runtime import pin_kernel_path, pin_matmul
 
+CPU_MATMUL = pin_matmul(config["cpu_matmul"])
 KERNEL_PATH, _kernel_note = pin_kernel_path(config["cpu_kernel_path"])
 if _kernel_note:
     logger.warning(_kernel_note)

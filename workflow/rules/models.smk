@@ -29,6 +29,7 @@ rule build_tiny_model:
     params:
         tiny=config_param(settings.tiny_model),
         kernel_path=KERNEL_PATH,  # the CPU kernel path in force (cpu_kernel_path): another path, another model
+        cpu_matmul=CPU_MATMUL,  # how matrix products are computed (cpu_matmul): another way, another model
     threads: config_param(settings.tiny_threads)
     log:
         "logs/models/build_tiny_model/{model}.log",

@@ -4,13 +4,14 @@ step's) into a standalone checkpoint (on CPU)."""
 from pwopsd.io import write_json
 from pwopsd.keys import folder_content_sha256
 from pwopsd.models import read_manifest
-from pwopsd.runtime import setup_logging, versions
+from pwopsd.runtime import set_threads, setup_logging, versions
 from pwopsd.standalone import standalone_snakemake
 from pwopsd.training.merge import merge_lora_checkpoint
 
 
 def main(snakemake):
     log = setup_logging(snakemake.log[0])
+    set_threads(snakemake.threads)  # and cpu_matmul: the merge's products are matrix products too
     base = read_manifest(snakemake.input.model)
     merge_lora_checkpoint(base["path"], snakemake.input.adapter, snakemake.output.merged, snakemake.params.dtype)
     wc = snakemake.wildcards

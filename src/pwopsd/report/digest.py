@@ -78,7 +78,7 @@ REQUIRED_CSV = ("metrics/summary.csv", "metrics/per_seed.csv", "report/reproduct
 FIGURE_DATA = {"report/reproduction.pdf": "report/reproduction_figure.csv"}
 
 # Keys (JSON keys, CSV columns) that are not results: inputs, environment, timings.
-SKIP_KEYS = {"provenance", "versions", "version", "settings", "cpu_capability", "pinned_kernel_path", "mkl_cbwr", "device", "devices",
+SKIP_KEYS = {"provenance", "versions", "version", "settings", "cpu_capability", "pinned_kernel_path", "cpu_matmul", "mkl_cbwr", "device", "devices",
              "host", "hostname", "node", "path", "paths", "date", "created", "timestamp", "started", "finished"}
 _TIMING = re.compile(r"(^|_)(seconds?|secs?|time|times|timing|wall|elapsed|duration|timestamp|date|hostname|"
                      r"throughput|per_second|it_s|tokens_per_s)($|_)", re.IGNORECASE)
@@ -326,7 +326,7 @@ def collect(results_dir: str | Path) -> dict[str, dict[str, Any]]:
 
 def count_values(d: dict) -> int:
     """How many numbers (leaves) a digest holds."""
-    return sum(len(_leaves(rows)) for rows in d.values())
+    return sum(len(_leaves(rows)) for name, rows in d.items() if name != PLATFORM)
 
 
 def digest_text(d: dict) -> str:
@@ -334,9 +334,15 @@ def digest_text(d: dict) -> str:
     return json.dumps(d, sort_keys=True, indent=1, allow_nan=False, ensure_ascii=True) + "\n"
 
 
-def write_digest(results_dir: str | Path, path: str | Path) -> dict:
-    """Collect the digest of ``results_dir`` and write it to ``path`` (atomically); returns it."""
-    d = collect(results_dir)
+PLATFORM = "_platform"  # the writing host's numeric platform: a record beside the numbers, never compared
+
+
+def write_digest(results_dir: str | Path, path: str | Path, platform: dict | None = None) -> dict:
+    """Collect the digest of ``results_dir`` and write it to ``path`` (atomically), with the numeric
+    platform of the host that writes it (:func:`pwopsd.runtime.numeric_platform`); returns it."""
+    from pwopsd.runtime import numeric_platform
+
+    d = {**collect(results_dir), PLATFORM: platform if platform is not None else numeric_platform()}
     text = digest_text(d)
     with atomic_path(path) as tmp:
         tmp.write_text(text)
@@ -392,7 +398,7 @@ def compare(old: dict, new: dict, limit: int = 40) -> list[str]:
     tiny_qwen3|opsd|mean|avg mean 29.69 -> 30.12``), per row or artifact that appeared or
     disappeared; at most ``limit`` lines and ``... and N more``. Empty when they are identical."""
     lines: list[str] = []
-    for name in sorted(set(old) | set(new), key=_order):
+    for name in sorted((set(old) | set(new)) - {PLATFORM}, key=_order):
         if name not in new:
             lines.append(f"{name}: disappeared ({len(_leaves(old[name]))} values)")
             continue
@@ -420,6 +426,23 @@ def compare(old: dict, new: dict, limit: int = 40) -> list[str]:
     return lines
 
 
+def platform_lines(old: dict, here: dict | None = None) -> list[str]:
+    """The digest's numeric platform beside this host's, the differing fields marked: told with
+    every failed check, so that a number moved by a new CPU kind or library is told apart from one
+    moved by a change of code."""
+    from pwopsd.runtime import numeric_platform
+
+    here = numeric_platform() if here is None else here
+    then = old.get(PLATFORM) or {}
+    lines = ["numeric platform: the digest's (written) -> this host's; * marks a difference"]
+    for key in sorted(set(then) | set(here)):
+        a, b = then.get(key), here.get(key)
+        lines.append(f"  {'*' if a != b else ' '} {key}: {a} -> {b}" if a != b else f"    {key}: {a}")
+    if not then:
+        lines.append("  (the digest records no platform: written before it was recorded)")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pwopsd.report.digest",
@@ -441,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.update is not None:
             d = write_digest(args.results_dir, args.update)
-            print(f"{args.update}: {count_values(d)} values of {len(d)} files of {args.results_dir}")
+            print(f"{args.update}: {count_values(d)} values of {len(d) - 1} files of {args.results_dir}, written on "
+                  f"{d[PLATFORM]['vendor']} {d[PLATFORM]['model_name']}")
             return 0
         update = f"python -m pwopsd.report.digest {shlex.quote(args.results_dir)} --update {shlex.quote(args.check)}"
         new = collect(args.results_dir)
@@ -459,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.results_dir} differs from {args.check}:")
     for line in moved:
         print(f"  {line}")
+    for line in platform_lines(old):
+        print(line)
     print(f"If these changes are intended, update the digest with:\n  {update}")
     return 1
 

@@ -63,7 +63,7 @@ def run_key(args: dict) -> dict:
     from pwopsd.io import sha256_file
     from pwopsd.keys import code_digest, weights_identity
     from pwopsd.models import read_manifest
-    from pwopsd.runtime import pinned_kernel_path, versions
+    from pwopsd.runtime import pinned_kernel_path, pinned_matmul, versions
 
     libs = versions()
     packages = ["torch", "transformers", "peft"]
@@ -73,6 +73,8 @@ def run_key(args: dict) -> dict:
     # A pinned CPU kernel path (cpu_kernel_path) decides the CPU numbers: a run resumes only from
     # checkpoints of the same path. Absent when nothing is pinned (the paper's runs keep their keys).
     pinned = {"kernel_path": path} if (path := pinned_kernel_path()) else {}
+    if pinned_matmul() != "native":  # exact CPU products (cpu_matmul): other bits, another run
+        pinned["cpu_matmul"] = pinned_matmul()
     return {**pinned, "train": train, "dtype": args["dtype"], "chat_template": args["chat_template"],
             "processes": max(1, int(args.get("processes", 1) or 1)),  # each rank's share of a step's problems
             "base_model": weights_identity(read_manifest(args["manifest"])), "corpus_sha256": sha256_file(args["corpus"]),
@@ -306,6 +308,9 @@ def main(argv: list[str]) -> None:
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
                         format=f"%(asctime)s %(levelname)s rank{rank} %(name)s: %(message)s")
+    from pwopsd.exact_matmul import install_if_configured
+
+    install_if_configured()  # cpu_matmul: exact, inherited from the launching job
     with exit_on_notice():
         run(json.loads(Path(argv[0]).read_text()))
 

@@ -1,0 +1,165 @@
+"""Matrix products whose bits do not depend on the CPU, its vendor, the BLAS library or the order
+in which it sums: tiny mode's answer to "the same digits on Intel as on AMD" (issue 50).
+
+Why: torch sends every fp32 matrix product on the CPU to MKL's ``sgemm``, and MKL picks its code by
+the CPU's vendor and model. ``MKL_CBWR=AVX2,STRICT`` (conditional numerical reproducibility) made
+AMD hosts agree with each other, but an Intel Xeon (Emerald Rapids) with the same setting rounded
+otherwise, and a 350-step build amplified that into another model. No MKL setting reproduces AMD's
+bits there (``../shared/spec/intel_reference.md``). So tiny mode does not ask a vendor library to
+be reproducible; it computes products whose result cannot depend on how they are summed.
+
+How (the first step of the Ozaki scheme): each row of the left factor is scaled by a power of two
+and rounded to an integer of at most ``beta`` bits, each column of the right factor too, with
+``2 * beta + ceil(log2(K)) <= 53``. Then every product and every partial sum of the ``K``-term dot
+products is an integer below ``2**53``: exact in float64, whatever the order, blocking, threads or
+instruction set of the ``dgemm`` that computes it. Scaling back by powers of two is exact, and the
+one rounding to float32 at the end is IEEE round-to-nearest-even. So the result is a function of
+the inputs alone: ``fp32(round_rows(A) @ round_cols(B))`` computed exactly.
+
+The price: entries far below their row's (column's) largest lose bits (``beta`` is 20 to 26 bits
+relative to the row's maximum, against float32's 24 relative to each entry), so this is not
+torch's fp32 product, and a dgemm costs about twice an sgemm. Measured in
+``benchmarks/exact_matmul.py``; chosen for tiny mode only (config ``cpu_matmul: exact``), never for
+the paper's GPU runs.
+
+It is installed as torch's CPU kernel of ``aten::mm``, ``addmm``, ``bmm`` and ``baddbmm`` (every
+matrix product of a float32 linear layer, attention and their backward passes goes through these
+four), for float32 inputs; other dtypes run torch's own kernel. The fused CPU attention kernel calls
+MKL directly, so :func:`install` also turns it off, and attention runs torch's reference math.
+``tests/test_exact_matmul.py`` checks with ``MKL_VERBOSE`` and ``ONEDNN_VERBOSE`` that a tiny
+build step, training step and generation call no vendor routine but ``DGEMM``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+ENV = "PWOPSD_CPU_MATMUL"  # "exact": the jobs of a run install the exact products (set by the pin)
+MANTISSA_BITS = 53  # float64
+_OPS = ("mm", "addmm", "bmm", "baddbmm")
+_library = None
+
+
+def integer_bits(k: int) -> int:
+    """Bits each factor keeps (``beta``) for a ``k``-term dot product to be exact in float64:
+    ``k * 2**beta * 2**beta <= 2**53``."""
+    return (MANTISSA_BITS - max(0, math.ceil(math.log2(max(1, k))))) // 2
+
+
+def pow2(n: torch.Tensor) -> torch.Tensor:
+    """``2.0 ** n`` in float64, exactly, built from its bits (``n`` integer, within float64's
+    normal exponents): a power of two from ``pow`` or ``exp2`` would depend on their vector code."""
+    return ((n.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
+def to_integers(x: torch.Tensor, dim: int, beta: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, e)``: ``x`` in float64 scaled along ``dim`` by ``2**(beta - e)``, ``e`` the exponent of
+    the largest magnitude there (``max|x| < 2**e``), and rounded half to even, so ``|q| <= 2**beta``
+    and ``x ~= q * 2**(e - beta)``. Every step is exact but the rounding."""
+    largest = x.amax(dim=dim, keepdim=True).maximum(x.amin(dim=dim, keepdim=True).neg_())  # the fastest max|x|
+    _, e = torch.frexp(largest)
+    q = x.to(torch.float64)
+    q.mul_(pow2(beta - e)).round_()
+    return q, e
+
+
+def exact_product64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``round_rows(a) @ round_cols(b)`` in float64, exactly (see the module's docstring); ``a`` is
+    ``(..., M, K)``, ``b`` ``(..., K, N)`` with the same batch shape."""
+    beta = integer_bits(a.shape[-1])
+    qa, ea = to_integers(a, -1, beta)
+    qb, eb = to_integers(b, -2, beta)
+    out = torch.empty(qa.shape[:-1] + qb.shape[-1:], dtype=torch.float64)
+    if a.dim() == 2:
+        torch.ops.aten.mm.out(qa, qb, out=out)
+    else:
+        torch.ops.aten.bmm.out(qa, qb, out=out)
+    return out.mul_(pow2(ea - beta)).mul_(pow2(eb - beta))
+
+
+def _routed(*tensors) -> bool:
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+
+
+def _scaled_sum(product64, inp, beta, alpha):
+    """``beta * inp + alpha * product`` rounded once to float32 (torch's addmm semantics: with
+    ``beta == 0`` the input is ignored, NaN included)."""
+    out = product64 if alpha == 1 else product64 * alpha
+    if beta != 0:
+        out = out + (inp.to(torch.float64) if beta == 1 else inp.to(torch.float64) * beta)
+    return out.to(torch.float32)
+
+
+def _mm(a, b):
+    if not _routed(a, b):
+        return torch.ops.aten.mm.out(a, b, out=a.new_empty((a.shape[0], b.shape[1]), dtype=torch.result_type(a, b)))
+    return exact_product64(a, b).to(torch.float32)
+
+
+def _bmm(a, b):
+    if not _routed(a, b):
+        return torch.ops.aten.bmm.out(a, b, out=a.new_empty((a.shape[0], a.shape[1], b.shape[2]), dtype=torch.result_type(a, b)))
+    return exact_product64(a, b).to(torch.float32)
+
+
+def _addmm(inp, a, b, *, beta=1, alpha=1):
+    if not _routed(inp, a, b):
+        out = a.new_empty((a.shape[0], b.shape[1]), dtype=torch.result_type(a, b))
+        return torch.ops.aten.addmm.out(inp, a, b, beta=beta, alpha=alpha, out=out)
+    return _scaled_sum(exact_product64(a, b), inp, beta, alpha)
+
+
+def _baddbmm(inp, a, b, *, beta=1, alpha=1):
+    if not _routed(inp, a, b):
+        out = a.new_empty((a.shape[0], a.shape[1], b.shape[2]), dtype=torch.result_type(a, b))
+        return torch.ops.aten.baddbmm.out(inp, a, b, beta=beta, alpha=alpha, out=out)
+    return _scaled_sum(exact_product64(a, b), inp, beta, alpha)
+
+
+def installed() -> bool:
+    return _library is not None
+
+
+def install() -> None:
+    """Make this process's CPU float32 matrix products exact (idempotent). Also turns off torch's
+    fused CPU attention kernels, which call MKL directly: attention then runs its reference math
+    (matrix products and a softmax), through the kernels above."""
+    global _library
+    if _library is not None:
+        return
+    import warnings
+
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
+        for name, fn in zip(_OPS, (_mm, _addmm, _bmm, _baddbmm)):
+            lib.impl(name, fn, "CPU")
+    torch.backends.cuda.enable_flash_sdp(False)  # the flag also governs the CPU flash kernel
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    _library = lib
+
+
+def uninstall() -> None:
+    """Give the four products back to torch (tests)."""
+    global _library
+    if _library is not None:
+        _library._destroy()
+        _library = None
+        torch.backends.cuda.enable_flash_sdp(True)
+        torch.backends.cuda.enable_mem_efficient_sdp(True)
+
+
+def install_if_configured(environ=os.environ) -> bool:
+    """Install the exact products when the run asks for them (``PWOPSD_CPU_MATMUL=exact``, set by
+    :func:`pwopsd.runtime.pin_kernel_path` from config ``cpu_matmul``); every job that computes with
+    torch calls this through :func:`pwopsd.runtime.set_threads`."""
+    value = environ.get(ENV, "")
+    if value == "exact":
+        install()
+        return True
+    if value not in ("", "native"):
+        raise ValueError(f"{ENV}={value!r}: expected exact or native (config cpu_matmul)")
+    return False

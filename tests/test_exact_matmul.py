@@ -1,0 +1,157 @@
+"""Tiny mode's exact CPU matrix products (pwopsd.exact_matmul, config ``cpu_matmul: exact``):
+the result is a function of the inputs alone (checked against exact integer arithmetic, under
+permuted sums, other thread counts and other batch compositions), it stays close to the float64
+product, and in a tiny build, training and generation step no vendor routine but the exact DGEMM
+runs (``MKL_VERBOSE``, ``ONEDNN_VERBOSE``): the check that the design holds, which a native run
+fails."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from fractions import Fraction
+
+import pytest
+import torch
+
+from conftest import REPO
+from pwopsd import exact_matmul as X
+
+
+@pytest.fixture
+def exact():
+    X.install()
+    yield
+    X.uninstall()
+
+
+def test_integer_bits_keep_every_dot_product_below_2_to_the_53():
+    for k in (1, 2, 3, 31, 32, 33, 128, 384, 3000, 65536, 10**6):
+        beta = X.integer_bits(k)
+        assert k * 2 ** (2 * beta) <= 2 ** 53 and 2 ** math.ceil(math.log2(k)) * 2 ** (2 * beta + 2) > 2 ** 53
+
+
+def test_pow2_is_exact():
+    n = torch.arange(-1022, 1024)
+    assert [float(v) for v in X.pow2(n)] == [math.ldexp(1.0, int(i)) for i in n]
+
+
+def _reference(a: torch.Tensor, b: torch.Tensor) -> list[list[float]]:
+    """The same product by Python's exact arithmetic: each row (column) rounded to beta bits below
+    its largest magnitude's exponent (math.frexp, round half to even), the dot products summed as
+    fractions, then rounded once to float32 (through float64, exact here)."""
+    k = a.shape[1]
+    beta = X.integer_bits(k)
+
+    def rounded(vec):
+        e = math.frexp(max(abs(float(v)) for v in vec))[1]
+        return [Fraction(round(Fraction(float(v)) * Fraction(2) ** (beta - e))) * Fraction(2) ** (e - beta) for v in vec]
+
+    rows = [rounded(a[i]) for i in range(a.shape[0])]
+    cols = [rounded(b[:, j]) for j in range(b.shape[1])]
+    return [[float(torch.tensor(float(sum(x * y for x, y in zip(r, c))), dtype=torch.float64).to(torch.float32))
+             for c in cols] for r in rows]
+
+
+def test_the_product_equals_exact_integer_arithmetic(exact):
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(5, 37, generator=g) * torch.logspace(-3, 3, 5).unsqueeze(1)  # rows of other scales
+    b = torch.randn(37, 4, generator=g)
+    b[:, 2] = 0.0  # a zero column
+    assert (a @ b).tolist() == _reference(a, b)
+
+
+def test_the_bits_do_not_depend_on_summation_order_threads_or_batch(exact):
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(300, 128, generator=g), torch.randn(128, 77, generator=g)
+    c = a @ b
+    perm = torch.randperm(128, generator=g)
+    assert torch.equal(c, a[:, perm] @ b[perm])  # another order of the K-term sums
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(c, a @ b)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(c[:7], a[:7] @ b)  # a row's result does not depend on the other rows
+    assert torch.equal(torch.bmm(a.view(3, 100, 128), b.expand(3, 128, 77)).reshape(300, 77), c)
+    native = a.double() @ b.double()
+    assert ((c.double() - native).abs() <= 2.0 ** -16 * a.abs().amax(1, keepdim=True) * b.abs().amax(0, keepdim=True)).all()
+
+
+def test_addmm_baddbmm_linear_and_autograd_run_through_it(exact):
+    g = torch.Generator().manual_seed(1)
+    bias, a, b = torch.randn(6, 5, generator=g), torch.randn(6, 9, generator=g), torch.randn(9, 5, generator=g)
+    prod = X.exact_product64(a, b)
+    assert torch.equal(torch.addmm(bias, a, b, beta=0.5, alpha=2.0), (2.0 * prod + 0.5 * bias.double()).float())
+    assert torch.equal(torch.addmm(bias * float("nan"), a, b, beta=0), prod.float())  # beta = 0 ignores the input
+    assert torch.equal(torch.baddbmm(bias[None], a[None], b[None])[0], (prod + bias.double()).float())
+    lin = torch.nn.Linear(9, 5)
+    x = torch.randn(2, 6, 9, generator=g, requires_grad=True)
+    lin(x).square().sum().backward()
+    assert x.grad.shape == x.shape and lin.weight.grad.shape == lin.weight.shape
+    # other dtypes keep torch's own kernels
+    a64, b64 = a.double(), b.double()
+    X.uninstall()
+    native64, native16 = a64 @ b64, a.bfloat16() @ b.bfloat16()
+    X.install()
+    assert torch.equal(a64 @ b64, native64) and torch.equal(a.bfloat16() @ b.bfloat16(), native16)
+
+
+def test_uninstall_gives_torch_its_products_back():
+    a, b = torch.randn(40, 64), torch.randn(64, 30)
+    native = a @ b
+    X.install()
+    exact_result = a @ b
+    X.uninstall()
+    assert torch.equal(a @ b, native) and not torch.equal(exact_result, native)
+
+
+def test_a_bad_setting_names_the_config_key():
+    with pytest.raises(ValueError, match="cpu_matmul"):
+        X.install_if_configured({X.ENV: "fast"})
+    assert X.install_if_configured({}) is False and not X.installed()
+
+
+# A tiny build step, a LoRA training step, a merge and a generation, in a fresh process.
+STEP = r"""
+import types, torch
+from peft import LoraConfig, get_peft_model
+from pwopsd.config import load_config
+from pwopsd import settings
+from pwopsd.runtime import set_threads
+from pwopsd.tiny import model as M
+cfg = M.TinyBuildConfig.from_dict(settings.tiny_model(load_config("tiny/config/config.yaml"), types.SimpleNamespace(model="tiny_qwen3")))
+object.__setattr__(cfg, "max_steps", 2)
+M.is_check_step = lambda done, cfg: False
+set_threads(2)
+tok = M.tiny_tokenizer(cfg, corpus_size=200)
+model = M.build_model(cfg, tok)
+M.pretrain(model, tok, cfg, log_every=10**9)
+peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+ids = tok(["1 + 2 =", "3 + 4 ="], return_tensors="pt", padding=True)
+peft(**ids, labels=ids["input_ids"]).loss.backward()
+merged = peft.merge_and_unload()
+merged.generate(**ids, do_sample=True, max_new_tokens=4, pad_token_id=tok.pad_token_id)
+print("ok")
+"""
+
+
+def _vendor_calls(matmul: str) -> list[str]:
+    env = {**os.environ, "MKL_VERBOSE": "1", "ONEDNN_VERBOSE": "1", X.ENV: matmul, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run([sys.executable, "-c", STEP], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+    lines = (proc.stdout + proc.stderr).splitlines()
+    mkl = sorted({line.split("(")[0] for line in lines if line.startswith("MKL_VERBOSE") and "oneMKL" not in line})
+    onednn = sorted({line.split(",")[1] for line in lines if line.startswith("onednn_verbose") and ",exec," in line})
+    return mkl + [f"oneDNN {kind}" for kind in onednn]
+
+
+def test_no_vendor_routine_but_the_exact_dgemm_computes_a_tiny_step():
+    """With ``cpu_matmul: exact`` MKL runs DGEMM (and its batched form) on integers only (exact in any order) and oneDNN
+    nothing; natively the same step calls MKL's SGEMM (whose bits follow the CPU's vendor)."""
+    calls = _vendor_calls("exact")
+    assert "MKL_VERBOSE DGEMM" in calls and set(calls) <= {"MKL_VERBOSE DGEMM", "MKL_VERBOSE DGEMM_BATCH"}, calls
+    assert "MKL_VERBOSE SGEMM" in _vendor_calls("native")
