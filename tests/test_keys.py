@@ -195,3 +195,61 @@ def test_a_second_copy_of_a_job_stops_at_once_naming_the_first_and_a_killed_hold
         holder.wait()
     with one_writer(run_dir, "training tiny/opsd") as lock:
         assert f"pid {os.getpid()}" in lock.read_text()
+
+
+HOLD_WITH_GRADERS = """
+import sys, time
+from pwopsd.evaluation.grading import GraderPool
+from pwopsd.io import one_writer
+with one_writer(sys.argv[1], "grading tiny/base"):
+    pool = GraderPool(workers=2, timeout=5.0)
+    pool.grade_pairs([("2", "2"), ("3", "4")])  # the workers are forked and alive
+    print(" ".join(str(w.proc.pid) for w in pool._workers), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_grade_job_killed_with_its_workers_alive_frees_the_lock_at_once(tmp_path, caplog):
+    """The grader pool forks its workers while the job holds its lock; a SIGKILL of the job leaves
+    them running (they block SIGTERM and wait on their pipes). The lock is the job's alone, so the
+    rerun starts at once, and its log names the holder it took over from (issue 51)."""
+    import logging
+
+    out = tmp_path / "grades" / "seed-1.parquet"
+    job = subprocess.Popen([sys.executable, "-c", HOLD_WITH_GRADERS, str(out)], stdout=subprocess.PIPE, text=True)
+    workers = [int(p) for p in job.stdout.readline().split()]
+    try:
+        assert len(workers) == 2
+        job.send_signal(signal.SIGKILL)
+        job.wait()
+        for pid in workers:
+            os.kill(pid, 0)  # the orphaned workers still live
+        started = time.time()
+        with caplog.at_level(logging.INFO, logger="pwopsd"):
+            with one_writer(out, "grading tiny/base") as lock:
+                assert f"pid {os.getpid()}" in lock.read_text()
+        assert time.time() - started < 5
+        assert "from host" in caplog.text and f"pid {job.pid}" in caplog.text and "which is gone" in caplog.text
+    finally:
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_filesystem_without_locks_stops_the_job_naming_the_folder_and_mount(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    from pwopsd.io import LocksUnavailableError
+
+    def no_locks(*args):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "lockf", no_locks)
+    with pytest.raises(LocksUnavailableError) as info:
+        with one_writer(tmp_path / "out" / "x.parquet", "generation tiny/base"):
+            pytest.fail("ran without a lock")
+    message = str(info.value)
+    assert str(tmp_path / "out") in message and "ENOLCK" in message and "mount /" in message

@@ -167,15 +167,43 @@ def lock_path(target: str | os.PathLike) -> Path:
     return target.parent / f".{target.name}.lock"
 
 
+class LocksUnavailableError(RuntimeError):
+    """The filesystem of a job's outputs has no working file locks (``ENOLCK``)."""
+
+
+def mount_of(path: str | os.PathLike) -> str:
+    """``mount point (filesystem type)`` of the mount that holds ``path`` (from /proc/mounts)."""
+    target = os.path.realpath(path)
+    best = ("/", "?")
+    try:
+        with open("/proc/mounts") as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) >= 3 and (target == parts[1] or target.startswith(parts[1].rstrip("/") + "/")) \
+                        and len(parts[1]) >= len(best[0]):
+                    best = (parts[1], parts[2])
+    except OSError:
+        pass
+    return f"{best[0]} ({best[1]})"
+
+
 @contextlib.contextmanager
 def one_writer(target: str | os.PathLike, what: str = "this job") -> Iterator[Path]:
     """Hold an exclusive lock on ``target`` (a job's output, a training run's folder) while the block
     runs: a second copy of the same job (a lost Snakemake head restarted with --rerun-incomplete
     while the old Slurm job still runs) stops at once with a message naming the holder, instead of
-    writing the same kept pieces, checkpoints and sync folders. The lock (``flock``, which Linux
-    maps to POSIX locks on NFS) dies with its process, so a killed job never leaves it held; the
-    file itself stays (unlinking a lock file races with a process that has it open)."""
+    writing the same kept pieces, checkpoints and sync folders.
+
+    The lock is a POSIX record lock (``lockf``): it belongs to this process alone. Processes it
+    forks (the grader pool's workers) do not inherit it, so a job killed with SIGKILL frees it at
+    once even while orphaned workers live on (an ``flock`` lock is shared with forked children and
+    was held by them: issue 51); NFS carries POSIX locks between nodes (NLM). A lock file left by a
+    holder that is gone is taken over, and the log says whose it was. A filesystem without working
+    locks (``ENOLCK``) stops the job with :class:`LocksUnavailableError` naming the folder and the
+    mount. The file itself stays (unlinking a lock file races with a process that has it open)."""
+    import errno
     import fcntl
+    import logging
     import socket
     import time
 
@@ -184,14 +212,26 @@ def one_writer(target: str | os.PathLike, what: str = "this job") -> Iterator[Pa
     fh = open(path, "a+")
     try:
         try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fcntl.lockf(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno == errno.ENOLCK:
+                raise LocksUnavailableError(
+                    f"{what}: the filesystem of {path.parent} (mount {mount_of(path.parent)}) has no working file locks "
+                    "(ENOLCK), so two copies of a job could not be kept apart: put the workflow's results/ on a "
+                    "filesystem with locks (mount NFS with its lock service; node-local or Lustre/BeeGFS with "
+                    "flock enabled)") from None
+            if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
             fh.seek(0)
             holder = fh.read().strip() or "a process that wrote no details"
             raise WriterLockedError(
                 f"{what} is already running: {path} is locked by {holder}. Two copies would write the same "
                 "outputs, kept pieces and checkpoints; wait for that one to end (or cancel it: scancel its Slurm "
                 "job), then run again (snakemake --rerun-incomplete)") from None
+        fh.seek(0)
+        previous = fh.read().strip()
+        if previous:
+            logging.getLogger("pwopsd").info("%s: took over the lock %s from %s, which is gone", what, path, previous)
         fh.seek(0)
         fh.truncate()
         job = os.environ.get("SLURM_JOB_ID")
