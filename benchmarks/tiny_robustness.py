@@ -1,0 +1,119 @@
+"""Is tiny mode's conclusion robust to its own bits? The toy is built again from other build seeds
+(``tiny.seed``: another initialisation and pretraining stream, the method left alone), and on each
+build every OPSD and PW-OPSD Moderate run (two training seeds each) and the two broken trainings
+(OPSD with the teacher prompt without the solution, and teacher = student) are compared with the
+base model: Avg@12 gain, mean of the four benchmarks, paired 95% interval over problems (the
+learning test's own function, ``pwopsd.report.significance.gains_over_base``).
+
+    python benchmarks/tiny_robustness.py --seeds 0 1 2 3 4 --out docs/tiny_robustness.md
+
+Each build runs the tiny workflow's Table 2 part in its own working directory (``--work``, default
+``/tmp/pwopsd-robustness``; finished builds are reused, as any Snakemake run's outputs). About 6 to
+8 minutes a build on 2 cores. The claim (docs/decisions.md, "Tiny mode: a toy robust to its own
+bits"): every OPSD / Moderate interval above 0 on every build, no broken training's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+MODEL = "tiny_qwen3"
+BROKEN = {"opsd_no_solution": {"loss": "opsd", "teacher_prompt": "no_solution", "label": "OPSD, no solution"},
+          "opsd_teacher_student": {"loss": "opsd", "teacher_prompt": "student", "label": "OPSD, teacher = student"}}
+LEARNING_METHODS = ("opsd", "pwopsd_moderate")
+
+
+def runs_of(cfg: dict) -> tuple[list[str], list[str]]:
+    from pwopsd.config.design import method_runs
+
+    return [r for m in LEARNING_METHODS for r in method_runs(cfg, m)], list(BROKEN)
+
+
+def run_build(seed: int, work: Path, snakemake: str) -> tuple[Path, float]:
+    """The Table 2 part of the tiny workflow on the build of ``seed`` (its metrics files)."""
+    from pwopsd.config import load_config
+
+    work.mkdir(parents=True, exist_ok=True)
+    if not (work / "config").exists():
+        shutil.copytree(REPO / "tiny" / "config", work / "config")
+    (work / "config" / "robustness.yaml").write_text(yaml.safe_dump({"tiny": {"seed": seed}, "methods": BROKEN}))
+    cfg = load_config(work / "config" / "config.yaml")
+    cfg["methods"].update(BROKEN)
+    learning, broken = runs_of(cfg)
+    targets = [f"results/metrics/{MODEL}/{c}/{b}/seed-{s}.json" for c in ["base", *learning, *broken]
+               for b in cfg["benchmarks"] for s in ("main", "1", "2")]
+    t0 = time.time()
+    proc = subprocess.run([snakemake, "--cores", "2", "--directory", str(work), "--configfile",
+                           str(work / "config" / "robustness.yaml"), "--quiet", "progress", *targets],
+                          cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"build seed {seed}: snakemake failed ({work}):\n{proc.stderr[-3000:]}")
+    return work, time.time() - t0
+
+
+def gains(work: Path) -> tuple[dict, dict, dict]:
+    from pwopsd.config import load_config
+    from pwopsd.report.significance import gains_over_base
+
+    cfg = load_config(work / "config" / "config.yaml")
+    cfg["methods"].update(BROKEN)
+    learning, broken = runs_of(cfg)
+    summaries = [json.loads(f.read_text()) for c in ["base", *learning, *broken]
+                 for f in sorted((work / "results/metrics" / MODEL / c).glob("*/seed-*.json"))]
+    benchmarks = sorted({s["benchmark"] for s in summaries})
+    build = json.loads((work / f"results/models/{MODEL}/build_report.json").read_text())
+    return (gains_over_base(summaries, MODEL, learning, benchmarks), gains_over_base(summaries, MODEL, broken, benchmarks),
+            build)
+
+
+def table(rows: list[tuple[int, dict, dict, dict, float]]) -> list[str]:
+    cell = lambda c: f"{c.delta:+.1f} [{c.low:+.1f}, {c.high:+.1f}]"  # noqa: E731
+    names = list(rows[0][1]) + list(rows[0][2])
+    out = ["| build seed | steps | dev student / teacher | " + " | ".join(names) + " | holds |",
+           "|---|---|---|" + "---|" * len(names) + "---|"]
+    for seed, learn, broken, build, _ in rows:
+        acc = build["dev_accuracy"]
+        holds = all(c.low > 0 for c in learn.values()) and not any(c.low > 0 for c in broken.values())
+        out.append(f"| {seed} | {build['pretraining_steps']} | {100 * acc['student']['mean']:.0f} / {100 * acc['teacher']['mean']:.0f}% | "
+                   + " | ".join(cell(c) for c in [*learn.values(), *broken.values()]) + f" | {'yes' if holds else '**no**'} |")
+    return out
+
+
+def main(argv=None) -> int:
+    from pwopsd.runtime import numeric_platform
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--work", type=Path, default=Path("/tmp/pwopsd-robustness"))
+    parser.add_argument("--snakemake", default=str(Path(sys.executable).with_name("snakemake")))
+    parser.add_argument("--out", type=Path, help="also write the table (markdown) here")
+    args = parser.parse_args(argv)
+    rows = []
+    for seed in args.seeds:
+        work, seconds = run_build(seed, args.work / f"seed-{seed}", args.snakemake)
+        rows.append((seed, *gains(work), seconds))
+        print(f"build seed {seed}: {seconds:.0f} s", flush=True)
+    p = numeric_platform()
+    lines = [f"Avg@12 gain over the base model, mean of the four benchmarks, paired 95% interval; "
+             f"{p['vendor']} {p['model_name']}, kernel path {p['pinned_kernel_path']}, cpu_matmul {p['cpu_matmul']}:", "",
+             *table(rows), "", f"wall time per build (2 cores): {', '.join(f'{r[4]:.0f} s' for r in rows)}"]
+    print("\n".join(lines))
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+    ok = all(all(c.low > 0 for c in r[1].values()) and not any(c.low > 0 for c in r[2].values()) for r in rows)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
