@@ -91,14 +91,46 @@ def module_closure(*entries: str) -> tuple[str, ...]:
     return tuple(sorted(seen))
 
 
+def _without_docstrings(tree: ast.AST) -> ast.AST:
+    """``tree`` with the docstring of every module, class and function removed (in place)."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+@functools.lru_cache(maxsize=None)
+def behaviour_text(path: Path, mtime_ns: int) -> str:
+    """What a module does, as text: its syntax tree without docstrings, comments, line numbers or
+    layout (``ast.dump``). A comment, a docstring or a reflowed line leaves it as it was; any change
+    of what runs changes it. (``mtime_ns`` keys the cache.)"""
+    return ast.dump(_without_docstrings(ast.parse(path.read_text(), str(path))), include_attributes=False)
+
+
+def module_behaviour(name: str) -> str:
+    path = _module_file(name)
+    return behaviour_text(path, path.stat().st_mtime_ns)
+
+
 def code_digest(*entries: str) -> str:
-    """SHA-256 of the sources of every package module the entry modules import (directly or not):
-    what changes when the code that computes a kept part changes. Read from the files the job
-    imports (the checkout on the cluster, where pwopsd is not installed and has no version)."""
+    """SHA-256 of what every package module the entry modules import (directly or not) does
+    (:func:`behaviour_text`): what changes when the code that computes a kept part changes, and
+    not when a comment or a docstring does (issue 51: a comment appended to ``runtime.py`` used to
+    restart every training at step 0). Read from the files the job imports (the checkout on the
+    cluster, where pwopsd is not installed and has no version)."""
     h = hashlib.sha256()
     for name in module_closure(*entries):
-        h.update(name.encode() + b"\0" + _module_file(name).read_bytes() + b"\0")
+        h.update(name.encode() + b"\0" + module_behaviour(name).encode() + b"\0")
     return h.hexdigest()
+
+
+def code_digests(*entries: str) -> dict[str, str]:
+    """``{module: short digest of what it does}`` over the modules :func:`code_digest` covers:
+    recorded beside kept work, so that a changed key names the modules that changed."""
+    return {name: hashlib.sha256(module_behaviour(name).encode()).hexdigest()[:12] for name in module_closure(*entries)}
 
 
 def folder_files_sha256(root: str | os.PathLike) -> dict[str, str]:
