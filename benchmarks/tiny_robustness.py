@@ -54,8 +54,8 @@ def run_build(seed: int, work: Path, snakemake: str) -> tuple[Path, float]:
     targets = [f"results/metrics/{MODEL}/{c}/{b}/seed-{s}.json" for c in ["base", *learning, *broken]
                for b in cfg["benchmarks"] for s in ("main", "1", "2")]
     t0 = time.time()
-    proc = subprocess.run([snakemake, "--cores", "2", "--directory", str(work), "--configfile",
-                           str(work / "config" / "robustness.yaml"), "--quiet", "progress", *targets],
+    proc = subprocess.run([snakemake, *targets, "--cores", "2", "--directory", str(work), "--configfile",
+                           str(work / "config" / "robustness.yaml"), "--quiet", "progress"],
                           cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"build seed {seed}: snakemake failed ({work}):\n{proc.stderr[-3000:]}")

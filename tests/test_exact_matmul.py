@@ -41,7 +41,7 @@ def test_pow2_is_exact():
 def _reference(a: torch.Tensor, b: torch.Tensor) -> list[list[float]]:
     """The same product by Python's exact arithmetic: each row (column) rounded to beta bits below
     its largest magnitude's exponent (math.frexp, round half to even), the dot products summed as
-    fractions, then rounded once to float32 (through float64, exact here)."""
+    fractions, then rounded once to float32 (through float64, which holds it exactly)."""
     k = a.shape[1]
     beta = X.integer_bits(k)
 

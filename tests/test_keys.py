@@ -50,7 +50,7 @@ def test_the_code_digest_changes_with_every_module_the_entry_imports_and_no_othe
     assert keys.code_digest(entry) == before
     for module in ("models.py", "generation/__init__.py", "generation/vllm_backend.py"):
         path = package_copy / module
-        path.write_text(path.read_text() + "\n# a fix\n")
+        path.write_text(path.read_text() + "\n_A_FIX = 1\n")
         after = keys.code_digest(entry)
         assert after != before, module
         before = after
@@ -101,7 +101,7 @@ CHANGES = {
     "the model retrained into the same path": {},
     "another dtype": {"dtype": "bfloat16"},
     "another backend": {"backend_name": "vllm"},
-    "another engine setting": {"backend_options": {"hf_batch_size": 2}},
+    "another engine setting": {"max_model_len": 128},
     "changed code": {"code": True},
 }
 
@@ -123,9 +123,9 @@ def test_an_interrupted_generation_never_reuses_a_shard_made_under_another_key(c
     out = tmp_path / "gen.parquet"
 
     def run(backend, **how):
-        identity = generation_identity(manifest, **{**settings, **{k: v for k, v in how.items() if k != "code"}})
-        return sample_benchmark(backend, pids, ids, cfg, output=out, metadata={"model": "tiny"}, shard_size=2,
-                                identity=identity)
+        identity = generation_identity(manifest, **{**settings, **{k: v for k, v in how.items() if k not in ("code", "metadata")}})
+        return sample_benchmark(backend, pids, ids, cfg, output=out, metadata=how.get("metadata", {"model": "tiny"}),
+                                shard_size=2, identity=identity)
 
     with pytest.raises(KeyboardInterrupt):  # stopped early with its first two shards kept
         run(CountingBackend(load_model(manifest), tiny_tokenizer, fail_after=2))
@@ -152,6 +152,58 @@ def test_an_interrupted_generation_never_reuses_a_shard_made_under_another_key(c
                 "another backend": "identity.backend", "another engine setting": "identity.engine",
                 "changed code": "identity.code"}[change]
     assert len(said) == 1 and expected in said[0], said
+
+
+RECORDS = {
+    "another batch size and memory fraction": {"backend_options": {"hf_batch_size": 2, "gpu_memory_utilization": 0.5}},
+    "another Snakemake and Python patch level": {"metadata": {"model": "tiny", "versions": {"snakemake": "99.0", "python": "3.11.99"}}},
+    "the same cache mounted elsewhere": {"metadata": {"model": "tiny", "model_path": "/elsewhere/snapshots/x"}},
+}
+
+
+@pytest.mark.parametrize("change", list(RECORDS))
+def test_settings_that_change_speed_or_records_keep_the_kept_shards(change, tmp_path, tiny_tokenizer, random_tiny_model):
+    """Issue 51: batch sizes and memory fractions (what a user turns after an out-of-memory), the
+    workflow engine's version, Python's patch level and the model's absolute path decide no sample:
+    a rerun after such a change generates only what was not kept."""
+    from pwopsd.models import load_model
+
+    manifest = _save(random_tiny_model, tiny_tokenizer, tmp_path / "merged")
+    ids = eval_prompt_ids(tiny_tokenizer, [f"Compute {i} + 2." for i in range(6)], enable_thinking=True, add_special_tokens=False)
+    pids = [f"p{i}" for i in range(6)]
+    cfg = SamplingConfig.from_evaluation(EVAL, seed=3)
+    out = tmp_path / "gen.parquet"
+    settings = {"dtype": "float32", "backend_name": "hf", "backend_options": {"hf_batch_size": 8}}
+    meta = {"model": "tiny", "versions": {"snakemake": "9.27.1", "python": "3.11.7"}, "model_path": str(tmp_path / "merged")}
+
+    def run(backend, how):
+        identity = generation_identity(manifest, **{**settings, **{k: v for k, v in how.items() if k != "metadata"}})
+        return sample_benchmark(backend, pids, ids, cfg, output=out, metadata={**meta, **how.get("metadata", {})},
+                                shard_size=2, identity=identity)
+
+    with pytest.raises(KeyboardInterrupt):
+        run(CountingBackend(load_model(manifest), tiny_tokenizer, fail_after=2), {})
+    rerun = CountingBackend(load_model(manifest), tiny_tokenizer)
+    run(rerun, RECORDS[change])
+    assert rerun.calls == 1  # the two kept shards reused, the third generated
+
+
+def test_comments_and_docstrings_in_the_ground_floor_modules_keep_every_key(package_copy):
+    """Issue 51: one appended comment line in runtime.py, io.py, notice.py or keys.py (or the config
+    schema module) changed the keys of train, grade, generate and the diagnostic, so a git pull
+    between two attempts of a paper training restarted it at step 0. Keys follow what the code does."""
+    entries = ("pwopsd.training.job", "pwopsd.evaluation.pipeline", "pwopsd.generation.sampling", "pwopsd.diagnostic.phases")
+    before = {e: keys.code_digest(e) for e in entries}
+    for module in ("runtime.py", "io.py", "notice.py", "keys.py", "config/schema.py"):
+        path = package_copy / module
+        text = path.read_text()
+        path.write_text(text.replace('"""', '"""Reworded. ', 1) + "\n# a comment\n\n")
+        keys.behaviour_text.cache_clear()
+        assert {e: keys.code_digest(e) for e in entries} == before, module
+    path = package_copy / "io.py"
+    path.write_text(path.read_text() + "\nCHANGED = True\n")  # what runs changes: every key that imports io changes
+    keys.behaviour_text.cache_clear()
+    assert all(keys.code_digest(e) != before[e] for e in entries)
 
 
 def test_an_unchanged_key_resumes_and_a_folder_without_key_is_discarded(tmp_path, caplog):

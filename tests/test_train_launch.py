@@ -246,8 +246,12 @@ def test_checkpoints_are_keyed_by_everything_that_determines_the_run(base, tmp_p
     keys["corpus content"] = checkpoint_dir(root, args)
     corpus.to_parquet(tmp_path / "corpus.parquet")
     assert checkpoint_dir(root, args) == first
-    # Where a run stops is no part of its key: a run that stops later resumes these checkpoints.
+    # Where a run stops, when it saves and how its rollout engine is laid out are no part of its
+    # key: a run that stops later, saves more often or gets more engine memory resumes these checkpoints.
     assert checkpoint_dir(root, {**args, "train": {**args["train"], "stop_at": 1}}) == first
+    assert checkpoint_dir(root, {**args, "train": {**args["train"], "save_every": 10}}) == first
+    engine = {"gpu_memory_utilization": 0.5, "enforce_eager": False, "kv_cache_memory_gib": 8, "in_process": True}
+    assert checkpoint_dir(root, {**args, "train": {**args["train"], "rollout_engine": engine}}) == first
     weights = tmp_path / "model" / "model.safetensors"
     original = weights.read_bytes()
     weights.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))  # a rebuilt base model

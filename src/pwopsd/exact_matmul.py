@@ -8,13 +8,14 @@ otherwise, and a 350-step build amplified that into another model. No MKL settin
 bits there (``../shared/spec/intel_reference.md``). So tiny mode does not ask a vendor library to
 be reproducible; it computes products whose result cannot depend on how they are summed.
 
-How (the first step of the Ozaki scheme): each row of the left factor is scaled by a power of two
-and rounded to an integer of at most ``beta`` bits, each column of the right factor too, with
-``2 * beta + ceil(log2(K)) <= 53``. Then every product and every partial sum of the ``K``-term dot
-products is an integer below ``2**53``: exact in float64, whatever the order, blocking, threads or
-instruction set of the ``dgemm`` that computes it. Scaling back by powers of two is exact, and the
-one rounding to float32 at the end is IEEE round-to-nearest-even. So the result is a function of
-the inputs alone: ``fp32(round_rows(A) @ round_cols(B))`` computed exactly.
+How (the first step of the Ozaki scheme): each row of the left factor is rounded to ``beta`` bits
+below its largest magnitude (an integer of at most ``beta`` bits times a power of two), each column
+of the right factor too, with ``2 * beta + ceil(log2(K)) <= 53``. Then every term of a dot product
+is an integer multiple of one power of two, and every partial sum is such a multiple below
+``2**53`` of them: exact in float64, whatever the order, blocking, threads or instruction set of the
+``dgemm`` that computes it. The one rounding to float32 at the end is IEEE round-to-nearest-even.
+So the result is a function of the inputs alone: ``fp32(round_rows(A) @ round_cols(B))``, the
+product computed exactly.
 
 The price: entries far below their row's (column's) largest lose bits (``beta`` is 20 to 26 bits
 relative to the row's maximum, against float32's 24 relative to each entry), so this is not
@@ -55,29 +56,31 @@ def pow2(n: torch.Tensor) -> torch.Tensor:
     return ((n.to(torch.int64) + 1023) << 52).view(torch.float64)
 
 
-def to_integers(x: torch.Tensor, dim: int, beta: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(q, e)``: ``x`` in float64 scaled along ``dim`` by ``2**(beta - e)``, ``e`` the exponent of
-    the largest magnitude there (``max|x| < 2**e``), and rounded half to even, so ``|q| <= 2**beta``
-    and ``x ~= q * 2**(e - beta)``. Every step is exact but the rounding."""
+def rounded64(x: torch.Tensor, dim: int, beta: int) -> torch.Tensor:
+    """``x`` in float64 rounded, along ``dim``, to multiples of ``2**(e - beta)``, ``e`` the exponent
+    of the largest magnitude there (``max|x| < 2**e``): ``q * 2**(e - beta)`` with ``q`` an integer,
+    ``|q| <= 2**beta``. Scaling by powers of two is exact, so the rounding (half to even) is the one
+    inexact step."""
     largest = x.amax(dim=dim, keepdim=True).maximum(x.amin(dim=dim, keepdim=True).neg_())  # the fastest max|x|
     _, e = torch.frexp(largest)
     q = x.to(torch.float64)
-    q.mul_(pow2(beta - e)).round_()
-    return q, e
+    return q.mul_(pow2(beta - e)).round_().mul_(pow2(e - beta))
 
 
 def exact_product64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``round_rows(a) @ round_cols(b)`` in float64, exactly (see the module's docstring); ``a`` is
-    ``(..., M, K)``, ``b`` ``(..., K, N)`` with the same batch shape."""
+    """``rounded(a) @ rounded(b)`` in float64, exactly (see the module's docstring); ``a`` is
+    ``(..., M, K)``, ``b`` ``(..., K, N)`` with the same batch shape.
+
+    The rounded factors carry their powers of two, so every term of the dot product of row ``i``
+    and column ``j`` is an integer multiple of ``2**(e_i + e_j - 2 * beta)`` and the sum of their
+    magnitudes is at most ``2**53`` such units: every partial sum is exact, in any order, and the
+    product needs no scaling afterwards."""
     beta = integer_bits(a.shape[-1])
-    qa, ea = to_integers(a, -1, beta)
-    qb, eb = to_integers(b, -2, beta)
-    out = torch.empty(qa.shape[:-1] + qb.shape[-1:], dtype=torch.float64)
+    ra, rb = rounded64(a, -1, beta), rounded64(b, -2, beta)
+    out = torch.empty(ra.shape[:-1] + rb.shape[-1:], dtype=torch.float64)
     if a.dim() == 2:
-        torch.ops.aten.mm.out(qa, qb, out=out)
-    else:
-        torch.ops.aten.bmm.out(qa, qb, out=out)
-    return out.mul_(pow2(ea - beta)).mul_(pow2(eb - beta))
+        return torch.ops.aten.mm.out(ra, rb, out=out)
+    return torch.ops.aten.bmm.out(ra, rb, out=out)
 
 
 def _routed(*tensors) -> bool:

@@ -172,10 +172,14 @@ def weights_identity(manifest: dict) -> dict:
 
 
 def result_versions() -> dict[str, str]:
-    """Versions of the libraries that can change a computed piece (see :data:`NOT_RESULT_VERSIONS`)."""
+    """Versions of the libraries that can change a computed piece (see :data:`NOT_RESULT_VERSIONS`);
+    Python's as major.minor (a patch release changes no result of ours)."""
     from pwopsd.runtime import versions
 
-    return {k: v for k, v in versions().items() if k not in NOT_RESULT_VERSIONS}
+    out = {k: v for k, v in versions().items() if k not in NOT_RESULT_VERSIONS}
+    if "python" in out:
+        out["python"] = ".".join(out["python"].split(".")[:2])
+    return out
 
 
 def part_key(manifest: dict | None, *, code: Iterable[str], dtype: str | None = None, backend: str | None = None,

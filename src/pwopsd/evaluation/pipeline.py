@@ -133,7 +133,8 @@ def grade_checkpoint(pairs: list[tuple[str, str, str, str, str]], benchmark_tabl
         pair_meta = {**meta, "benchmark": name, "seed_name": seed_name}
         saved = partial_dir(graded_out, part_key(
             None, code=("pwopsd.evaluation.pipeline",), generations=sha256_file(generations),
-            benchmark=sha256_file(benchmark_tables[name]), meta=pair_meta, maj_budget=maj_budget, graders=graders,
+            benchmark=sha256_file(benchmark_tables[name]), meta={k: v for k, v in pair_meta.items() if k != "versions"},
+            maj_budget=maj_budget, graders=graders,
             verdicts=verdicts), part="pair")
         if (saved / "metrics.json").exists():
             log.info("%s: graded before this attempt, reusing %s", metrics_out, saved)

@@ -153,8 +153,8 @@ def sample_benchmark(
     (:func:`generation_identity`). Without it, shards are keyed by ``metadata`` alone."""
     t0 = time.time()
     requests = [sampling.request(p) for p in prompt_ids]
-    key = {"identity": identity, "meta": metadata, "sampling": sampling.__dict__, "ids": list(problem_ids),
-           "prompts": [list(p) for p in prompt_ids]}
+    key = {"identity": identity, "meta": {k: v for k, v in metadata.items() if k not in NOT_IN_SHARD_KEY},
+           "sampling": sampling.__dict__, "ids": list(problem_ids), "prompts": [list(p) for p in prompt_ids]}
     table = generate_resumable(backend, requests, [{"problem_id": pid} for pid in problem_ids],
                                partial=partial_dir(output, key), shard_size=shard_size, notice=notice)
     meta = {**metadata, "sampling": sampling.__dict__, "backend": backend.versions(),
@@ -237,21 +237,36 @@ def run_generations(
             for (name, table), output in zip(benchmarks, outputs, strict=True):
                 _sample_one_benchmark(backend, tokenizer, name, table, output, manifest=manifest, settings=settings,
                                       sampling=sampling, chat_template=chat_template,
-                                      metadata={**metadata, "seed_name": seed_name}, notice=notice, identity=identity)
+                                      metadata={**metadata, "seed_name": seed_name, "backend_options": backend_options},
+                                      notice=notice, identity=identity)
     for _, outputs in seeds.values():
         for output in outputs:
             clear_partial(output)
 
 
+# Metadata of a generation that is a record, not a cause: the package versions (result-relevant
+# libraries are in the identity's versions), the model's path (its weights are in the identity by
+# content; the same Hub cache mounted elsewhere holds the same work) and the backend's execution
+# options (see generation_identity).
+NOT_IN_SHARD_KEY = ("versions", "model_path", "backend_options")
+
+
 def generation_identity(manifest: dict, *, dtype: str, backend_name: str, backend_options: dict | None,
                         code: str = "pwopsd.generation.sampling", **engine) -> dict:
     """What a generating job's kept shards are the work of besides its requests: the checkpoint's
-    weights by content, dtype, backend and its engine settings (``backend_options`` and ``engine``,
-    e.g. the engine's ``max_model_len``), the code of the ``code`` entry module and what it imports.
-    Generation, the diagnostic's spines and forced continuations."""
+    weights by content, dtype, backend, the engine settings that shape the samples (``engine``, e.g.
+    the engine's ``max_model_len``), the code of the ``code`` entry module and what it imports.
+    Generation, the diagnostic's spines and forced continuations.
+
+    ``backend_options`` (batch sizes, memory fractions, parallel layout, eager mode) are not in it:
+    they change speed, not the sampled distribution, and they are what a user turns to recover
+    from an out-of-memory or a time limit, which must not discard the shards already made. (On a
+    GPU a batch's composition can change the bits of a sample, never its distribution; the
+    parquet's metadata records the options each file was made under.)"""
     from pwopsd.keys import part_key
 
-    return part_key(manifest, code=(code,), dtype=dtype, backend=backend_name, engine={**(backend_options or {}), **engine})
+    del backend_options  # a record (provenance), not a cause
+    return part_key(manifest, code=(code,), dtype=dtype, backend=backend_name, engine=dict(engine))
 
 
 def _sample_one_benchmark(backend, tokenizer, name, table, output, *, manifest, settings, sampling, chat_template,

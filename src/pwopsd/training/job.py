@@ -49,9 +49,11 @@ class LaunchError(RuntimeError):
     pass
 
 
-# Settings that change where a run stops, not what any of its steps computes: a run that stops
-# later resumes from the checkpoints of the same run key.
-NOT_IN_RUN_KEY = ("stop_at",)
+# Settings that change where a run stops or when it saves, not what any of its steps computes
+# (a run that stops later, or saves more often, resumes from the checkpoints of the same run key),
+# and the rollout engine's execution settings (memory fraction, KV cache, eager mode, in or out of
+# process: speed, not the rollouts' distribution; turned to recover from an out-of-memory).
+NOT_IN_RUN_KEY = ("stop_at", "save_every", "rollout_engine")
 
 
 def run_key(args: dict) -> dict:
