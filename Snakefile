@@ -68,6 +68,19 @@ if SLURM_PROFILE is not None and workflow.exec_mode == ExecMode.DEFAULT:
         logger.warning(_problem)
 
 
+# The code behind every result (issue 51): each rule that runs a script gets a param holding the
+# digest of what the package modules its script imports do (pwopsd.keys.script_code_digest), so a
+# change of the code that computed a finished result reruns it, as a change of its config does,
+# and every result's provenance records it; comments and docstrings leave it alone. A user who keeps
+# results made by older code says so with `code_changes: keep` (config/README.md).
+if config["code_changes"] == "rerun":
+    from pwopsd.keys import script_code_digest
+
+    for _rule in workflow.rules:
+        if _rule.script and (_digest := script_code_digest(Path(_rule.snakefile).parent / _rule.script)):
+            _rule.set_params(code=_digest)
+
+
 rule all:
     default_target: True
     input:

@@ -305,3 +305,21 @@ def test_a_filesystem_without_locks_stops_the_job_naming_the_folder_and_mount(tm
             pytest.fail("ran without a lock")
     message = str(info.value)
     assert str(tmp_path / "out") in message and "ENOLCK" in message and "mount /" in message
+
+
+def test_a_rule_param_follows_the_code_its_script_imports(package_copy):
+    """Issue 51: Snakemake's code trigger sees a rule's script only; the Snakefile gives every rule
+    the digest of the package code its script imports (``script_code_digest``), so a fix to the
+    grading logic reruns finished grade jobs, and a comment reruns nothing."""
+    from conftest import REPO
+
+    grade = REPO / "workflow" / "scripts" / "grade.py"
+    before = keys.script_code_digest(grade)
+    assert before and keys.script_code_digest(REPO / "workflow" / "scripts" / "train.py") != before
+    path = package_copy / "evaluation" / "grading.py"
+    path.write_text(path.read_text() + "\n# a note\n")
+    keys.behaviour_text.cache_clear()
+    assert keys.script_code_digest(grade) == before
+    path.write_text(path.read_text() + "\nGRADING_FIX = 1\n")
+    keys.behaviour_text.cache_clear()
+    assert keys.script_code_digest(grade) != before

@@ -266,3 +266,42 @@ def test_checkpoints_are_keyed_by_everything_that_determines_the_run(base, tmp_p
     (tmp_path / "hub.json").write_text(json.dumps({**hub, "revision": "b" * 40}))
     keys["hub revision"] = checkpoint_dir(root, {**args, "manifest": str(tmp_path / "hub.json")})
     assert len({first, *keys.values()}) == len(keys) + 1, keys  # every change, its own folder
+
+
+def test_a_run_interrupted_across_a_code_change_names_the_modules_and_resumes_only_when_asked(base, tmp_path, caplog,
+                                                                                             monkeypatch):
+    """Issue 51: a git pull between two attempts of a training changes its run key (the code is part
+    of it), so it would restart at step 0 in silence. The folder of the old code's checkpoints is
+    found, the changed modules named, and its checkpoints adopted only on the user's word."""
+    from pwopsd import keys as keysmod
+    from pwopsd.training import job as jobmod
+
+    shutil.copytree(base / "model", tmp_path / "model")
+    (tmp_path / "base.json").write_text(json.dumps({"model": "tiny", "path": str(tmp_path / "model")}))
+    shutil.copy(base / "corpus.parquet", tmp_path / "corpus.parquet")
+    args = {**_args(base, "code", accumulation=2, steps=2), "manifest": str(tmp_path / "base.json"),
+            "corpus": str(tmp_path / "corpus.parquet")}
+    root = tmp_path / "checkpoints"
+    old_key = jobmod.run_key(args)
+    old_dir = checkpoint_dir(root, args, old_key)
+    old_dir.mkdir(parents=True)
+    (old_dir / "run.json").write_text(json.dumps(old_key))
+    launch({**args, "work_dir": str(old_dir)}, processes=1, args_path=tmp_path / "args.json")
+
+    real = keysmod.code_digests
+    monkeypatch.setattr(jobmod, "code_digests", lambda *e: {**real(*e), "pwopsd.training.loop": "a fix"}, raising=False)
+    monkeypatch.setattr(keysmod, "code_digests", lambda *e: {**real(*e), "pwopsd.training.loop": "a fix"})
+    new_key = jobmod.run_key(args)
+    new_dir = checkpoint_dir(root, args, new_key)
+    assert new_dir != old_dir
+    new_dir.mkdir(parents=True)
+    found = jobmod.same_run_but_code(new_dir, new_key)
+    assert found == [(old_dir, ["pwopsd.training.loop"])]
+    # another setting as well: not the same run, never offered
+    assert jobmod.same_run_but_code(new_dir, {**new_key, "dtype": "bfloat16"}) == []
+    assert jobmod.adopt_checkpoints(old_dir, new_dir) == "step-000002"
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pwopsd.training.loop"):
+        launch({**args, "work_dir": str(new_dir)}, processes=1, args_path=tmp_path / "args2.json")
+    assert "resumed from" in caplog.text and "(step 2)" in caplog.text
+    assert (old_dir / "step-000002" / "trainer_state.pt").exists()  # the old code's folder stays as it was

@@ -127,6 +127,16 @@ def code_digest(*entries: str) -> str:
     return h.hexdigest()
 
 
+def script_code_digest(script: str | os.PathLike) -> str | None:
+    """The :func:`code_digest` of the package modules a workflow script imports (directly or not),
+    shortened; None for a script that imports none. A rule param holding it reruns the rule's
+    finished jobs when the code that computed them changes (the Snakefile adds it to every rule;
+    Snakemake's own code trigger sees the script file only)."""
+    path = Path(script)
+    entries = sorted(m for m in _imported_modules(path, "__main__") if _module_file(m) is not None)
+    return code_digest(*entries)[:16] if entries else None
+
+
 def code_digests(*entries: str) -> dict[str, str]:
     """``{module: short digest of what it does}`` over the modules :func:`code_digest` covers:
     recorded beside kept work, so that a changed key names the modules that changed."""

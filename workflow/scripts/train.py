@@ -4,7 +4,7 @@ from pwopsd.cluster import slurm_restart
 from pwopsd.io import one_writer, read_json, write_json
 from pwopsd.runtime import set_threads, setup_logging
 from pwopsd.standalone import standalone_snakemake
-from pwopsd.training.job import checkpoint_dir, launch, other_runs, run_key
+from pwopsd.training.job import adopt_checkpoints, checkpoint_dir, launch, other_runs, run_key, same_run_but_code
 from pwopsd.notice import NOTICE_GRACE_SECONDS, exit_on_notice
 
 
@@ -41,6 +41,18 @@ def main(snakemake):
     args["work_dir"] = str(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     write_json(key, work_dir / "run.json")  # what this checkpoint folder is the run of
+    # A run interrupted across a change of the training code: its checkpoints are of the old code.
+    # Restart (the default) or resume from them: the user's choice, said in the log either way.
+    if not any(work_dir.glob("step-*/trainer_state.pt")) and (before := same_run_but_code(work_dir, key)):
+        source, changed = before[0]
+        if snakemake.config["training"]["resume_across_code_changes"]:
+            step = adopt_checkpoints(source, work_dir)
+            log.warning("the training code changed since this run's checkpoints were written (%s): resuming from %s "
+                        "of %s as training.resume_across_code_changes asks", ", ".join(changed), step, source)
+        else:
+            log.warning("the training code changed since this run's checkpoints were written (%s): starting at step "
+                        "0 (their folder %s is kept; set training.resume_across_code_changes: true to resume from it "
+                        "when the change cannot touch the math)", ", ".join(changed), source)
     if not any(work_dir.glob("step-*/trainer_state.pt")) and (others := other_runs(work_dir, key)):
         log.info("no checkpoint of this run key yet (%s): starting at step 0; not resumed from the other run "
                  "folders of %s/%s: %s", work_dir.name, snakemake.wildcards.model, snakemake.wildcards.method,

@@ -63,7 +63,7 @@ def run_key(args: dict) -> dict:
     included: :func:`pwopsd.keys.code_digest`). The checkpoint folder is named by its hash, so a
     run resumes only from checkpoints of exactly the same run."""
     from pwopsd.io import sha256_file
-    from pwopsd.keys import code_digest, weights_identity
+    from pwopsd.keys import code_digests, weights_identity
     from pwopsd.models import read_manifest
     from pwopsd.runtime import pinned_kernel_path, pinned_matmul, versions
 
@@ -80,7 +80,7 @@ def run_key(args: dict) -> dict:
     return {**pinned, "train": train, "dtype": args["dtype"], "chat_template": args["chat_template"],
             "processes": max(1, int(args.get("processes", 1) or 1)),  # each rank's share of a step's problems
             "base_model": weights_identity(read_manifest(args["manifest"])), "corpus_sha256": sha256_file(args["corpus"]),
-            "versions": {k: libs.get(k) for k in packages}, "code_sha256": code_digest("pwopsd.training.job")}
+            "versions": {k: libs.get(k) for k in packages}, "code": code_digests("pwopsd.training.job")}
 
 
 def checkpoint_dir(work_root: str | Path, args: dict, key: dict | None = None) -> Path:
@@ -108,6 +108,40 @@ def other_runs(work_dir: Path, key: dict) -> list[str]:
         lines.append(f"{other.name} ({steps[-1] if steps else 'no checkpoint'}; differs in "
                      f"{describe_change(old, key)})")
     return lines
+
+
+def same_run_but_code(work_dir: Path, key: dict) -> list[tuple[Path, list[str]]]:
+    """The other checkpoint folders beside ``work_dir`` whose run differs from ``key`` in the code
+    alone (``key["code"]``: a digest per module of the training code), with checkpoints, newest
+    step first, each with the modules that changed: what a training interrupted across a code
+    change could resume from, if the user says so (``training.resume_across_code_changes``)."""
+    found = []
+    for other in (p for p in Path(work_dir).parent.glob("*") if p.is_dir() and p != Path(work_dir)):
+        try:
+            old = json.loads((other / "run.json").read_text())
+        except (OSError, ValueError):
+            continue
+        same = {k: v for k, v in old.items() if k != "code"} == json.loads(json.dumps({k: v for k, v in key.items() if k != "code"}))
+        steps = sorted(q.name for q in other.glob("step-*") if (q / "trainer_state.pt").exists())
+        if same and steps:
+            old_code, new_code = old.get("code") or {}, key.get("code") or {}
+            changed = sorted(m for m in set(old_code) | set(new_code) if old_code.get(m) != new_code.get(m))
+            found.append((other, changed, steps[-1]))
+    found.sort(key=lambda f: f[2], reverse=True)
+    return [(folder, changed) for folder, changed, _ in found]
+
+
+def adopt_checkpoints(source: Path, work_dir: Path) -> str:
+    """Copy a run folder's checkpoints and step log into ``work_dir`` (the run key of the new code),
+    so the run resumes there; the source stays as it was. Returns the last step copied."""
+    import shutil
+
+    steps = sorted(q for q in source.glob("step-*") if (q / "trainer_state.pt").exists())
+    for step in steps:
+        shutil.copytree(step, work_dir / step.name, dirs_exist_ok=True)
+    if (source / "train_log.jsonl").exists():
+        shutil.copy2(source / "train_log.jsonl", work_dir / "train_log.jsonl")
+    return steps[-1].name
 
 
 def training_tracker(args: dict):
