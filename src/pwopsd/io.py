@@ -53,7 +53,6 @@ def partial_dir(output: str | os.PathLike, key: Any, part: str = "shards") -> Pa
     weights by content, dtype, backend, code, settings, inputs). Pieces of ``part`` kept under
     another key (the model was retrained, the code or the dtype changed, ...) are discarded here,
     and the log names the fields that changed: they are never mixed with new ones."""
-    from pwopsd.keys import describe_change
 
     root = _partial_root(output) / part
     name = fingerprint(key)
@@ -241,3 +240,26 @@ def one_writer(target: str | os.PathLike, what: str = "this job") -> Iterator[Pa
         yield path
     finally:
         fh.close()  # releases the lock
+
+
+def describe_change(stored: Any, key: Any) -> str:
+    """The fields in which ``key`` differs from a ``stored`` one (read back from its JSON file), for
+    the log line that says why kept work is not reused."""
+    return ", ".join(changed_fields(stored, json.loads(json.dumps(key, sort_keys=True, default=str))))
+
+
+def changed_fields(old: Any, new: Any, prefix: str = "", limit: int = 8) -> list[str]:
+    """Dotted paths of the fields that differ between two keys (at most ``limit``; a list or value
+    that differs is named once): what a log line says when kept work is discarded."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for k in sorted(set(old) | set(new), key=str):
+            if old.get(k, _MISSING) != new.get(k, _MISSING):
+                out.extend(changed_fields(old.get(k, _MISSING), new.get(k, _MISSING), f"{prefix}{k}.", limit))
+            if len(out) >= limit:
+                return out[:limit]
+        return out
+    return [prefix.rstrip(".") or "(whole key)"]
+
+
+_MISSING = object()

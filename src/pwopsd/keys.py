@@ -200,24 +200,6 @@ def part_key(manifest: dict | None, *, code: Iterable[str], dtype: str | None = 
             "engine": engine, "code": code_digest(*code), "versions": result_versions(), **what}
 
 
-def describe_change(stored: Any, key: Any) -> str:
-    """The fields in which ``key`` differs from a ``stored`` one (read back from its JSON file), for
-    the log line that says why kept work is not reused."""
-    return ", ".join(changed_fields(stored, json.loads(json.dumps(key, sort_keys=True, default=str))))
-
-
-def changed_fields(old: Any, new: Any, prefix: str = "", limit: int = 8) -> list[str]:
-    """Dotted paths of the fields that differ between two keys (at most ``limit``; a list or value
-    that differs is named once): what a log line says when kept work is discarded."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out: list[str] = []
-        for k in sorted(set(old) | set(new), key=str):
-            if old.get(k, _MISSING) != new.get(k, _MISSING):
-                out.extend(changed_fields(old.get(k, _MISSING), new.get(k, _MISSING), f"{prefix}{k}.", limit))
-            if len(out) >= limit:
-                return out[:limit]
-        return out
-    return [prefix.rstrip(".") or "(whole key)"]
-
-
-_MISSING = object()
+# The key-diff helpers live in pwopsd.io (the ground floor: kept-part folders name what changed);
+# re-exported here for the callers that compare keys.
+from pwopsd.io import changed_fields, describe_change  # noqa: E402,F401
