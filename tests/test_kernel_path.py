@@ -45,7 +45,12 @@ def test_a_path_in_the_environment_is_kept_checked_and_said():
     assert pin_kernel_path("avx2", env, ZEN5) == ("avx2", None) and env == AVX2_ENV
     env = {"ATEN_CPU_CAPABILITY": "default"}
     path, note = pin_kernel_path("avx2", env, ZEN5)
-    assert path == "default" and env == {"ATEN_CPU_CAPABILITY": "default"} and "overrides cpu_kernel_path=avx2" in note
+    # the forced path is pinned completely (issue 51: MKL and oneDNN were left to the CPU, while
+    # provenance and the training key said the path was pinned)
+    assert path == "default" and env == {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE",
+                                          "ONEDNN_MAX_CPU_ISA": "SSE41"} and "overrides cpu_kernel_path=avx2" in note
+    env = {"ATEN_CPU_CAPABILITY": "avx2"}
+    assert pin_kernel_path("host", env, ZEN5) == ("avx2", None) and env == AVX2_ENV
     env = dict(AVX2_ENV)  # inherited by a node without AVX2: removed, torch picks its own
     path, note = pin_kernel_path("avx2", env, {"sse2"})
     assert path is None and env == {} and "lacks avx2, fma" in note
@@ -57,6 +62,19 @@ def test_a_path_in_the_environment_is_kept_checked_and_said():
     assert pin_kernel_path("host", {"ATEN_CPU_CAPABILITY": "avx2"}, ZEN5) == ("avx2", None)
     with pytest.raises(ValueError, match="cpu_kernel_path must be one of"):
         pin_kernel_path("sse4", {}, ZEN5)
+
+
+def test_with_exact_products_only_torch_s_own_path_is_pinned():
+    """cpu_matmul: exact (tiny mode): MKL and oneDNN compute nothing that reaches a result, so their
+    instruction sets are left to them (the fastest code); the pin is complete without them."""
+    from pwopsd.runtime import MATMUL_ENV, pin_matmul
+
+    env = {}
+    pin_matmul("exact", env)
+    assert pin_kernel_path("avx2", env, ZEN5) == ("avx2", None)
+    assert env == {MATMUL_ENV: "exact", "ATEN_CPU_CAPABILITY": "avx2"}
+    with pytest.raises(ValueError, match="cpu_matmul must be one of"):
+        pin_matmul("fast", {})
 
 
 def test_cpu_flags_reads_the_first_flags_line(tmp_path):

@@ -217,6 +217,7 @@ def pin_kernel_path(requested: str, environ=os.environ, flags: set[str] | None =
                 environ.pop(name, None)
             return None, (f"{KERNEL_PATH_ENV}={current} {problem}: removed, torch picks its own path, and CPU "
                           "results will differ from the pinned path's")
+        _pin_companions(current, environ)  # a path the user forced is pinned as completely as ours
         if requested in ("host", current):
             return current, None
         return current, (f"{KERNEL_PATH_ENV}={current} from the environment overrides cpu_kernel_path={requested}: "
@@ -227,13 +228,20 @@ def pin_kernel_path(requested: str, environ=os.environ, flags: set[str] | None =
         return None, (f"this CPU cannot take the {requested} kernel path of cpu_kernel_path (it lacks "
                       f"{', '.join(missing)}): torch picks its own, and CPU results (tiny mode's tables) "
                       "will differ from the pinned path's (the README's and tiny/digest.json)")
-    exact = environ.get(MATMUL_ENV) == "exact"  # pin_matmul first: MKL and oneDNN then decide no result
-    for name, value in KERNEL_PATHS[requested]["env"].items():
-        if exact and name != KERNEL_PATH_ENV:
-            continue
-        if not environ.get(name):  # unset or empty: ours; a user's own MKL or oneDNN setting is kept
-            environ[name] = value
+    environ[KERNEL_PATH_ENV] = KERNEL_PATHS[requested]["env"][KERNEL_PATH_ENV]
+    _pin_companions(requested, environ)
     return requested, None
+
+
+def _pin_companions(path: str, environ) -> None:
+    """MKL's and oneDNN's instruction sets for ``path`` where unset or empty (a user's own setting
+    is kept), unless the matrix products are exact (``cpu_matmul: exact``: MKL and oneDNN then
+    decide no result, and their fastest code runs)."""
+    if environ.get(MATMUL_ENV) == "exact":
+        return
+    for name, value in KERNEL_PATHS[path]["env"].items():
+        if name != KERNEL_PATH_ENV and not environ.get(name):
+            environ[name] = value
 
 
 def _cpuinfo_fields(cpuinfo: str = "/proc/cpuinfo") -> dict[str, str]:
