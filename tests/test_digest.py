@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from pwopsd.report.digest import DigestError, collect, compare, count_values, digest_text, write_digest
+from pwopsd.report.digest import PLATFORM, DigestError, collect, compare, count_values, digest_text, platform_lines, write_digest
 
 MAIN = """model,checkpoint,benchmark,metric,mean,std,n_seeds
 tiny,opsd,arith_l1,avg,69.791667,3.315927,6
@@ -223,8 +223,26 @@ def test_missing_expected_files_are_named(results):
 def test_write_digest_writes_the_canonical_text(results, tmp_path):
     path = tmp_path / "tiny" / "digest.json"
     d = write_digest(results, path)
-    assert path.read_text() == digest_text(d) == digest_text(collect(results))
+    assert path.read_text() == digest_text(d) == digest_text({**collect(results), PLATFORM: d[PLATFORM]})
     assert [p.name for p in path.parent.iterdir()] == ["digest.json"]  # no temporary file left
+
+
+def test_the_digest_records_the_writing_host_and_a_failed_check_shows_both_platforms(results, tmp_path):
+    """Issue 50: a moved number from a new CPU is told apart from one moved by a change of code:
+    the digest carries the numeric platform of the host that wrote it (never compared), and the
+    check prints it beside this host's, the differences marked."""
+    from pwopsd.runtime import numeric_platform
+
+    here = numeric_platform()
+    assert here["vendor"] and here["cpu_capability"] and here["torch"] and "mkl" in here
+    written = {**here, "vendor": "AuthenticAMD", "model_name": "AMD EPYC 7B13", "mkl": "oneMKL 2024.0"}
+    d = write_digest(results, tmp_path / "digest.json", platform=written)
+    assert compare(d, collect(results)) == []  # the record is not a number of the run
+    assert count_values(d) == count_values(collect(results))
+    lines = platform_lines(d, here)
+    assert "* vendor: AuthenticAMD -> " + str(here["vendor"]) in "\n".join(lines)
+    assert any(line.strip().startswith("torch:") for line in lines)  # an equal field, unmarked
+    assert "records no platform" in "\n".join(platform_lines(collect(results), here))
 
 
 def _cli(*args):
@@ -239,7 +257,8 @@ def test_cli_check_and_update(results, tmp_path):
     assert run.returncode == 1 and "--update" in run.stderr
     run = _cli(results, "--update", digest)
     assert run.returncode == 0, run.stderr
-    assert digest.read_text() == digest_text(collect(results))
+    written = json.loads(digest.read_text())
+    assert digest.read_text() == digest_text({**collect(results), PLATFORM: written[PLATFORM]})
     run = _cli(results, "--check", digest)
     assert run.returncode == 0, run.stdout + run.stderr
     _edit(results / "tables" / "main_4b.csv", "tiny,opsd,mean,avg,29.690000", "tiny,opsd,mean,avg,30.120000")
@@ -247,6 +266,7 @@ def test_cli_check_and_update(results, tmp_path):
     assert run.returncode == 1
     assert "tables/main_4b: tiny|opsd|mean|avg mean 29.69 -> 30.12" in run.stdout
     assert f"python -m pwopsd.report.digest {results} --update {digest}" in run.stdout
+    assert "numeric platform: the digest's (written) -> this host's" in run.stdout
     assert _cli(results, "--update", digest).returncode == 0
     assert _cli(results, "--check", digest).returncode == 0
     run = _cli(tmp_path / "nowhere", "--check", digest)
