@@ -250,6 +250,7 @@ def test_checkpoints_are_keyed_by_everything_that_determines_the_run(base, tmp_p
     # key: a run that stops later, saves more often or gets more engine memory resumes these checkpoints.
     assert checkpoint_dir(root, {**args, "train": {**args["train"], "stop_at": 1}}) == first
     assert checkpoint_dir(root, {**args, "train": {**args["train"], "save_every": 10}}) == first
+    assert checkpoint_dir(root, {**args, "grading": {**args["grading"], "graders": ["corrected"]}}) == first
     engine = {"gpu_memory_utilization": 0.5, "enforce_eager": False, "kv_cache_memory_gib": 8, "in_process": True}
     assert checkpoint_dir(root, {**args, "train": {**args["train"], "rollout_engine": engine}}) == first
     weights = tmp_path / "model" / "model.safetensors"
@@ -305,3 +306,15 @@ def test_a_run_interrupted_across_a_code_change_names_the_modules_and_resumes_on
         launch({**args, "work_dir": str(new_dir)}, processes=1, args_path=tmp_path / "args2.json")
     assert "resumed from" in caplog.text and "(step 2)" in caplog.text
     assert (old_dir / "step-000002" / "trainer_state.pt").exists()  # the old code's folder stays as it was
+
+
+def test_the_train_rule_s_params_and_its_run_key_agree_on_the_grader():
+    """Issue 51: ``grading`` was a param of rule train but not in the run key, so a grader change
+    reran the training, which resumed from the finished checkpoints and exported the old grader's
+    rollout accuracy. The grader only scores rollouts for the log: in neither now."""
+    from pwopsd.training.job import NOT_IN_RUN_KEY
+
+    rules = (REPO / "workflow" / "rules" / "train.smk").read_text()
+    train_rule = rules[rules.index("rule train:"):rules.index("rule ", rules.index("rule train:") + 5)]
+    params = train_rule[train_rule.index("params:"):train_rule.index("threads:")]
+    assert "grading" not in params and "grading" not in NOT_IN_RUN_KEY  # and run_key leaves it out (the keyed test)

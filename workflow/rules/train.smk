@@ -18,7 +18,6 @@ rule train:
         dtype=config_param(settings.dtype),
         chat_template=config_param(settings.chat_template),
         work_root=config_param(settings.checkpoint_root),
-        grading=config_param(settings.grading),
     threads: config_param(settings.training_threads)
     resources:
         # Seconds of the profile's time-limit warning (--signal=TERM@N): torchrun waits that long for

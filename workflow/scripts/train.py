@@ -1,6 +1,7 @@
 """Rule train: one model x method training run (torchrun processes when several GPUs are given)."""
 
 from pwopsd.cluster import slurm_restart
+from pwopsd.config import grading_options
 from pwopsd.io import one_writer, read_json, write_json
 from pwopsd.runtime import set_threads, setup_logging
 from pwopsd.standalone import standalone_snakemake
@@ -20,12 +21,15 @@ def main(snakemake):
         "train": p.train,
         "dtype": p.dtype,
         "chat_template": p.chat_template,
-        "grading": p.grading,
+        # The grader only scores rollouts for the log (rollout_accuracy), so it is neither a param
+        # nor in the run key: a grader change reruns no training (issue 51); the job's log names it.
+        "grading": grading_options(snakemake.config),
         "eval_step": p.eval_step,
         "adapter_out": snakemake.output.adapter,
         "log_out": snakemake.output.log,
         "processes": max(1, int(snakemake.resources.get("gpu", 0) or 0)),  # part of the run key
     }
+    log.info("rollout accuracy (training log only) graded with %s", args["grading"])
     # Read from the config, not params: switching tracking on or off reruns no training run.
     args["tracking"] = {"settings": snakemake.config.get("tracking"), "model": snakemake.wildcards.model,
                         "run": snakemake.wildcards.method}
