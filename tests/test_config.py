@@ -161,7 +161,8 @@ def test_every_training_and_method_key_reaches_the_trainer(paper):
     used_elsewhere = {"eval_step": "rule train/merge_adapter params (the evaluated adapter)",
                       "threads": "the train rule's threads (settings.training_threads)",
                       "effective_batch": "checked against models.*.train x gpus.train",
-                      "models": "which models are trained (trained_models)"}
+                      "models": "which models are trained (trained_models)",
+                      "resume_across_code_changes": "workflow/scripts/train.py, from the config (switching it reruns nothing)"}
     schema = load_schema()
     cfg = validate_config(paper)
     run = training_config(cfg, "qwen3_4b", "pwopsd_moderate")
