@@ -323,3 +323,20 @@ def test_a_rule_param_follows_the_code_its_script_imports(package_copy):
     path.write_text(path.read_text() + "\nGRADING_FIX = 1\n")
     keys.behaviour_text.cache_clear()
     assert keys.script_code_digest(grade) != before
+
+
+def test_a_notice_signal_is_only_recorded_in_its_handler_and_said_where_it_is_read(caplog):
+    """A signal handler runs between two bytecodes of whatever the main thread does, which can be a
+    write to the job's log stream: logging from the handler failed a vLLM generation job on notice
+    with "reentrant call inside BufferedWriter" (CI, issue 50's run). The handler records; the
+    first read of ``received`` says it in the log, once."""
+    from pwopsd.notice import Notice
+
+    with caplog.at_level(logging.WARNING, logger="pwopsd"):
+        with Notice() as notice:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.05)
+            assert not [r for r in caplog.records if "received" in r.getMessage()]  # nothing from the handler
+            assert notice.received == "SIGUSR1" and notice.received == "SIGUSR1"
+    said = [r.getMessage() for r in caplog.records if "SIGUSR1 received" in r.getMessage()]
+    assert len(said) == 1 and "exit (status 75)" in said[0]

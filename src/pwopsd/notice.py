@@ -93,14 +93,27 @@ class Notice:
 
     def __init__(self, signals: tuple[str, ...] = NOTICE_SIGNALS):
         self.signals = [getattr(signal, name) for name in signals]
-        self.received: str | None = None
+        self._received: str | None = None
+        self._announced = False
         self._previous: dict[int, object] = {}
 
     def _handle(self, signum, frame) -> None:
-        if self.received is None:
-            self.received = signal.Signals(signum).name
+        # Record only. A handler runs between two bytecodes of whatever the main thread is doing,
+        # which can be a write to the job's log stream (tqdm's progress bar, a log line): logging
+        # from here raised "reentrant call inside BufferedWriter" and failed a generation job on
+        # notice (seen in CI). The warning is said where the notice is read (:attr:`received`).
+        if self._received is None:
+            self._received = signal.Signals(signum).name
+
+    @property
+    def received(self) -> str | None:
+        """The first notice signal's name, or None. The first read after it arrived says in the log
+        what happens next."""
+        if self._received is not None and not self._announced:
+            self._announced = True
             log.warning("%s received: finishing this step, then a checkpoint and exit (status %d)",
-                        self.received, EXIT_INTERRUPTED)
+                        self._received, EXIT_INTERRUPTED)
+        return self._received
 
     def __enter__(self) -> "Notice":
         if threading.current_thread() is threading.main_thread():
