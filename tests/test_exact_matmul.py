@@ -155,29 +155,3 @@ def test_no_vendor_routine_but_the_exact_dgemm_computes_a_tiny_step():
     calls = _vendor_calls("exact")
     assert "MKL_VERBOSE DGEMM" in calls and set(calls) <= {"MKL_VERBOSE DGEMM", "MKL_VERBOSE DGEMM_BATCH"}, calls
     assert "MKL_VERBOSE SGEMM" in _vendor_calls("native")
-
-
-def test_attention_s_backward_pass_does_not_follow_the_thread_count(exact):
-    """Attention's reference math calls softmax's backward kernel, which torch's CPU code splits
-    between threads: its bits differed on one thread and on two (the tiny build parted at its first
-    step). Its replacement gives the same bits on both, close to torch's."""
-    results = []
-    threads = torch.get_num_threads()
-    try:
-        for n in (1, 2):
-            torch.set_num_threads(n)
-            g = torch.Generator().manual_seed(0)
-            q = torch.randn(8, 4, 50, 32, generator=g, requires_grad=True)
-            kv = torch.randn(8, 2, 50, 32, generator=g, requires_grad=True)
-            out = torch.nn.functional.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
-            (out * torch.randn(out.shape, generator=g)).sum().backward()
-            results.append((q.grad.clone(), kv.grad.clone()))
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
-    p = torch.softmax(torch.randn(64, 30), -1)
-    go = torch.randn(64, 30)
-    X.uninstall()
-    native = torch._softmax_backward_data(go, p, -1, torch.float32)
-    X.install()
-    assert torch.allclose(torch._softmax_backward_data(go, p, -1, torch.float32), native, atol=1e-6)

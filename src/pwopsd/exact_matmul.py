@@ -26,8 +26,9 @@ the paper's GPU runs.
 It is installed as torch's CPU kernel of ``aten::mm``, ``addmm``, ``bmm`` and ``baddbmm`` (every
 matrix product of a float32 linear layer, attention and their backward passes goes through these
 four), for float32 inputs; other dtypes run torch's own kernel. The fused CPU attention kernel calls
-MKL directly, so :func:`install` also turns it off, and attention runs torch's reference math,
-whose softmax backward pass is replaced too (torch's CPU kernel of it follows the thread count).
+MKL directly, so :func:`install` also turns it off, and attention runs torch's reference math.
+That math's softmax backward kernel splits its rows between threads, so results hold for the
+configured thread count (tiny mode's build: 2), not across thread counts (docs/decisions.md).
 ``tests/test_exact_matmul.py`` checks with ``MKL_VERBOSE`` and ``ONEDNN_VERBOSE`` that a tiny
 build step, training step and generation call no vendor routine but ``DGEMM``.
 """
@@ -123,17 +124,6 @@ def _baddbmm(inp, a, b, *, beta=1, alpha=1):
     return _scaled_sum(exact_product64(a, b), inp, beta, alpha)
 
 
-def _softmax_backward(grad, out, dim, input_dtype):
-    """Softmax's backward pass as ``out * (grad - sum(grad * out))`` along ``dim``: torch's fused CPU
-    kernel (``_softmax_backward_data``, which attention's reference math calls) splits its rows
-    between threads, so its bits followed the thread count (a tiny build on one thread and on two
-    parted at the first step); this form's reductions do not."""
-    if not _routed(grad, out) or input_dtype != torch.float32:
-        return torch.ops.aten._softmax_backward_data.out(grad, out, dim, input_dtype,
-                                                         grad_input=torch.empty_like(grad, dtype=input_dtype))
-    return out * (grad - (grad * out).sum(dim, keepdim=True))
-
-
 def installed() -> bool:
     return _library is not None
 
@@ -152,7 +142,6 @@ def install() -> None:
         warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
         for name, fn in zip(_OPS, (_mm, _addmm, _bmm, _baddbmm)):
             lib.impl(name, fn, "CPU")
-        lib.impl("_softmax_backward_data", _softmax_backward, "CPU")
     torch.backends.cuda.enable_flash_sdp(False)  # the flag also governs the CPU flash kernel
     torch.backends.cuda.enable_mem_efficient_sdp(False)
     _library = lib
