@@ -24,7 +24,7 @@ import pytest
 
 from pwopsd import keys
 from pwopsd.generation.sampling import SamplingConfig, eval_prompt_ids, generation_identity, sample_benchmark
-from pwopsd.io import WriterLockedError, one_writer, partial_dir
+from pwopsd.io import WriterLockedError, changed_fields, one_writer, partial_dir
 from test_sampling import EVAL, CountingBackend
 
 
@@ -85,8 +85,8 @@ def test_changed_fields_name_the_dotted_paths_that_differ():
     old = {"weights": {"content_sha256": "a"}, "dtype": "bfloat16", "code": "1", "sampling": {"n": 12, "seed": 1}}
     new = {"weights": {"content_sha256": "b"}, "dtype": "bfloat16", "code": "2", "sampling": {"n": 12, "seed": 2},
            "engine": {}}
-    assert keys.changed_fields(old, new) == ["code", "engine", "sampling.seed", "weights.content_sha256"]
-    assert keys.changed_fields(old, old) == []
+    assert changed_fields(old, new) == ["code", "engine", "sampling.seed", "weights.content_sha256"]
+    assert changed_fields(old, old) == []
 
 
 def _save(model, tokenizer, folder: Path) -> dict:

@@ -89,39 +89,30 @@ def _routed(*tensors) -> bool:
     return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
 
 
-def _scaled_sum(product64, inp, beta, alpha):
-    """``beta * inp + alpha * product`` rounded once to float32 (torch's addmm semantics: with
-    ``beta == 0`` the input is ignored, NaN included)."""
-    out = product64 if alpha == 1 else product64 * alpha
-    if beta != 0:
-        out = out + (inp.to(torch.float64) if beta == 1 else inp.to(torch.float64) * beta)
-    return out.to(torch.float32)
+def _kernel(name: str):
+    """torch's CPU kernel of ``aten::<name>`` (``mm``, ``bmm``, ``addmm``, ``baddbmm``) in the exact
+    form for float32 inputs; other dtypes go to torch's own kernel (its ``.out`` overload, which the
+    override leaves alone). ``addmm`` and ``baddbmm`` follow torch's semantics: ``beta * input +
+    alpha * product``, rounded once to float32, the input ignored (NaN included) where ``beta == 0``."""
+    native = getattr(torch.ops.aten, name).out
 
+    def product(a, b):
+        if not _routed(a, b):
+            return native(a, b, out=a.new_empty(a.shape[:-1] + b.shape[-1:], dtype=torch.result_type(a, b)))
+        return exact_product64(a, b).to(torch.float32)
 
-def _mm(a, b):
-    if not _routed(a, b):
-        return torch.ops.aten.mm.out(a, b, out=a.new_empty((a.shape[0], b.shape[1]), dtype=torch.result_type(a, b)))
-    return exact_product64(a, b).to(torch.float32)
+    def scaled(inp, a, b, *, beta=1, alpha=1):
+        if not _routed(inp, a, b):
+            out = a.new_empty(a.shape[:-1] + b.shape[-1:], dtype=torch.result_type(a, b))
+            return native(inp, a, b, beta=beta, alpha=alpha, out=out)
+        out = exact_product64(a, b)
+        if alpha != 1:
+            out = out * alpha
+        if beta != 0:
+            out = out + (inp.to(torch.float64) if beta == 1 else inp.to(torch.float64) * beta)
+        return out.to(torch.float32)
 
-
-def _bmm(a, b):
-    if not _routed(a, b):
-        return torch.ops.aten.bmm.out(a, b, out=a.new_empty((a.shape[0], a.shape[1], b.shape[2]), dtype=torch.result_type(a, b)))
-    return exact_product64(a, b).to(torch.float32)
-
-
-def _addmm(inp, a, b, *, beta=1, alpha=1):
-    if not _routed(inp, a, b):
-        out = a.new_empty((a.shape[0], b.shape[1]), dtype=torch.result_type(a, b))
-        return torch.ops.aten.addmm.out(inp, a, b, beta=beta, alpha=alpha, out=out)
-    return _scaled_sum(exact_product64(a, b), inp, beta, alpha)
-
-
-def _baddbmm(inp, a, b, *, beta=1, alpha=1):
-    if not _routed(inp, a, b):
-        out = a.new_empty((a.shape[0], a.shape[1], b.shape[2]), dtype=torch.result_type(a, b))
-        return torch.ops.aten.baddbmm.out(inp, a, b, beta=beta, alpha=alpha, out=out)
-    return _scaled_sum(exact_product64(a, b), inp, beta, alpha)
+    return scaled if name.startswith(("addmm", "baddbmm")) else product
 
 
 def installed() -> bool:
@@ -140,8 +131,8 @@ def install() -> None:
     lib = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
-        for name, fn in zip(_OPS, (_mm, _addmm, _bmm, _baddbmm)):
-            lib.impl(name, fn, "CPU")
+        for name in _OPS:
+            lib.impl(name, _kernel(name), "CPU")
     torch.backends.cuda.enable_flash_sdp(False)  # the flag also governs the CPU flash kernel
     torch.backends.cuda.enable_mem_efficient_sdp(False)
     _library = lib

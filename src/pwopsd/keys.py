@@ -15,7 +15,7 @@ in a folder named by the fingerprint of a key that holds everything that determi
 - the job's own settings and inputs (sampling, prompts, requests, grading options, ...).
 
 :func:`part_key` assembles the common part; :func:`pwopsd.io.partial_dir` names the folder,
-discards kept parts of another key and says in the log which fields changed (:func:`changed_fields`).
+discards kept parts of another key and says in the log which fields changed (:func:`pwopsd.io.changed_fields`).
 """
 
 from __future__ import annotations
@@ -198,8 +198,3 @@ def part_key(manifest: dict | None, *, code: Iterable[str], dtype: str | None = 
     the ``code`` entry modules, library versions, and ``what`` (the job's own settings and inputs)."""
     return {"weights": None if manifest is None else weights_identity(manifest), "dtype": dtype, "backend": backend,
             "engine": engine, "code": code_digest(*code), "versions": result_versions(), **what}
-
-
-# The key-diff helpers live in pwopsd.io (the ground floor: kept-part folders name what changed);
-# re-exported here for the callers that compare keys.
-from pwopsd.io import changed_fields, describe_change  # noqa: E402,F401

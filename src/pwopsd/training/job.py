@@ -91,21 +91,32 @@ def checkpoint_dir(work_root: str | Path, args: dict, key: dict | None = None) -
     return Path(work_root) / fingerprint(run_key(args) if key is None else key)
 
 
+def _checkpoints(folder: Path) -> list[Path]:
+    """A run folder's finished checkpoints (``step-*`` holding a trainer state), oldest first."""
+    return sorted(q for q in folder.glob("step-*") if (q / "trainer_state.pt").exists())
+
+
+def _other_run_folders(work_dir: Path):
+    """``(folder, its run key)`` of every other checkpoint folder beside ``work_dir`` (the same model
+    and method under another run key) whose ``run.json`` can be read, sorted by name."""
+    for other in sorted(p for p in Path(work_dir).parent.glob("*") if p.is_dir() and p != Path(work_dir)):
+        try:
+            yield other, json.loads((other / "run.json").read_text())
+        except (OSError, ValueError):
+            continue
+
+
 def other_runs(work_dir: Path, key: dict) -> list[str]:
     """One line per other checkpoint folder beside ``work_dir`` (the same model and method under
     another run key), naming the fields of the key that differ: said in the log when a run starts
     afresh, so a user sees why it did not resume. They are kept (a checkpoint sweep of a finished
     run finds its folder by content, :func:`export_step`)."""
-    from pwopsd.keys import describe_change
+    from pwopsd.io import describe_change
 
     lines = []
-    for other in sorted(p for p in Path(work_dir).parent.glob("*") if p.is_dir() and p != Path(work_dir)):
-        try:
-            old = json.loads((other / "run.json").read_text())
-        except (OSError, ValueError):
-            continue
-        steps = sorted(q.name for q in other.glob("step-*") if (q / "trainer_state.pt").exists())
-        lines.append(f"{other.name} ({steps[-1] if steps else 'no checkpoint'}; differs in "
+    for other, old in _other_run_folders(work_dir):
+        steps = _checkpoints(other)
+        lines.append(f"{other.name} ({steps[-1].name if steps else 'no checkpoint'}; differs in "
                      f"{describe_change(old, key)})")
     return lines
 
@@ -115,18 +126,16 @@ def same_run_but_code(work_dir: Path, key: dict) -> list[tuple[Path, list[str]]]
     alone (``key["code"]``: a digest per module of the training code), with checkpoints, newest
     step first, each with the modules that changed: what a training interrupted across a code
     change could resume from, if the user says so (``training.resume_across_code_changes``)."""
+    def without_code(k: dict) -> dict:
+        return json.loads(json.dumps({name: v for name, v in k.items() if name != "code"}))
+
     found = []
-    for other in (p for p in Path(work_dir).parent.glob("*") if p.is_dir() and p != Path(work_dir)):
-        try:
-            old = json.loads((other / "run.json").read_text())
-        except (OSError, ValueError):
-            continue
-        same = {k: v for k, v in old.items() if k != "code"} == json.loads(json.dumps({k: v for k, v in key.items() if k != "code"}))
-        steps = sorted(q.name for q in other.glob("step-*") if (q / "trainer_state.pt").exists())
-        if same and steps:
+    for other, old in _other_run_folders(work_dir):
+        steps = _checkpoints(other)
+        if steps and without_code(old) == without_code(key):
             old_code, new_code = old.get("code") or {}, key.get("code") or {}
             changed = sorted(m for m in set(old_code) | set(new_code) if old_code.get(m) != new_code.get(m))
-            found.append((other, changed, steps[-1]))
+            found.append((other, changed, steps[-1].name))
     found.sort(key=lambda f: f[2], reverse=True)
     return [(folder, changed) for folder, changed, _ in found]
 
@@ -136,7 +145,7 @@ def adopt_checkpoints(source: Path, work_dir: Path) -> str:
     so the run resumes there; the source stays as it was. Returns the last step copied."""
     import shutil
 
-    steps = sorted(q for q in source.glob("step-*") if (q / "trainer_state.pt").exists())
+    steps = _checkpoints(source)
     for step in steps:
         shutil.copytree(step, work_dir / step.name, dirs_exist_ok=True)
     if (source / "train_log.jsonl").exists():
