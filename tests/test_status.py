@@ -297,6 +297,18 @@ def test_the_status_of_the_tiny_run_shows_every_job_done_with_its_benchmark_seco
     assert trained == set(cfg["tables"]["main"]["methods"])
     assert "rule_build_tiny_model_wildcards_tiny_qwen3" in main and "rule_spines_wildcards_tiny_qwen3" not in main
     assert "progress" in page.read_text() and "<script" not in page.read_text()
+    # After a config change the jobs Snakemake will make again are waiting, with its own reason, not done
+    overlay = tmp_path / "hotter.yaml"
+    overlay.write_text("evaluation: {temperature: 0.9}\n")
+    proc = subprocess.run([*SNAKEMAKE[:1], "-m", "pwopsd.status", "--directory", str(work), "--configfile", str(overlay),
+                           "--json", str(out)], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    after = {j["key"]: j for j in json.loads(out.read_text())["jobs"]}
+    again = {k: j for k, j in after.items() if j["rerun"]}
+    assert {j["rule"] for j in again.values() if j["rerun"].startswith("Params have changed")} >= {"generate"}
+    assert all(j["state"] == "waiting" for j in again.values()) and "will be made again" in proc.stdout
+    assert after["rule_build_tiny_model_wildcards_tiny_qwen3"]["state"] == "done"
+    assert sum(j["state"] == "done" for j in after.values()) == len(after) - len(again)
 
 
 # -- attempts across invocations, requeues and the fit's constraints ------------------------------
@@ -439,3 +451,44 @@ def test_a_logs_tail_keeps_the_lines_that_say_why_it_ended(tmp_path):
     assert shown[1:] == [f"line {i}" for i in range(10 - TAIL_LINES, 10)]
     log.write_text("a\nb\nslurmstepd: x\nc\n")  # a short log: the cause is in the tail already
     assert tail(log) == ["a", "b", "slurmstepd: x", "c"]
+
+
+def test_a_failed_slurm_job_whose_head_ran_on_another_host_is_failed_not_queued_forever(tmp_path):
+    """A head Snakemake on another login node, never closed (its process cannot be seen from here):
+    its open attempt holds the job while Slurm says the job pends or runs, and is closed once Slurm
+    says it ended, so a failure shows "failed", not "queued" for ever. A head alive on this host
+    still holds a just-failed job (its retry is on the way)."""
+    import socket
+
+    from pwopsd.status.collect import _head_open, _slurm_attempts, _state
+
+    folder = tmp_path / ev.EVENTS_DIR
+    folder.mkdir(parents=True)
+    info = {"jobid": 1, "rule": "train", "wildcards": {"model": "m", "method": "opsd"}, "output": ["adapter"], "log": [],
+            "benchmark": [], "resources": {}, "local": False}
+    _events(folder, "elsewhere", "login2." + socket.gethostname(), 1, [(10.0, "job_info", info)])
+    _events(folder, "here", None, __import__("os").getpid(), [(10.0, "job_info", info)])
+    invocations, local = ev.load(tmp_path)
+    alive = {inv.workflow_id: inv.alive for inv in invocations}
+    assert alive == {"elsewhere": None, "here": True}
+    job = cost.Job("train", {"model": "m", "method": "opsd"}, 4, output=["adapter"])
+
+    def state(invocation, slurm_state):
+        attempts = _slurm_attempts(tmp_path, job, [_record("7", slurm_state, "1:0")], ["logs/slurm"])
+        mine = [la for la in local if la.invocation == invocation]
+        return _state(tmp_path, job, attempts, _head_open(mine, attempts, alive))
+
+    assert state("elsewhere", "PENDING") == "queued" and state("elsewhere", "RUNNING") == "running"
+    assert state("elsewhere", "FAILED") == "failed" and state("elsewhere", "OUT_OF_MEMORY") == "failed"
+    assert state("here", "FAILED") == "queued"
+
+
+def test_the_dry_runs_reasons_are_read_with_its_jobs():
+    """Which jobs Snakemake will run, and why, come from its own dry run's listing."""
+    listing = ("rule grade:\n    input: a.parquet\n    output: b.parquet\n    jobid: 3\n"
+               "    reason: Params have changed since last execution: Union of exclusive params before and now\n"
+               "    wildcards: model=m\n    resources: tmpdir=/tmp\n\nlocalrule all:\n    input: b.parquet\n"
+               "    jobid: 0\n    reason: Input files updated by another job: b.parquet\n")
+    grade, everything = cost.parse_dry_run(listing)
+    assert grade.reason.startswith("Params have changed") and grade.wildcards == {"model": "m"}
+    assert everything.rule == "all" and everything.reason.startswith("Input files updated")

@@ -99,6 +99,7 @@ class Job:
     input: list[str] = field(default_factory=list)
     output: list[str] = field(default_factory=list)
     benchmark: str | None = None
+    reason: str = ""            # why Snakemake runs it (its dry run's ``reason:`` line)
 
     @property
     def key(self) -> str:
@@ -127,23 +128,29 @@ def parse_dry_run(output: str) -> list[Job]:
         wc = re.search(r"^\s+wildcards: (.*)$", block, re.M)
         res = re.search(r"^\s+resources: (.*)$", block, re.M)
         threads = re.search(r"^\s+threads: (\d+)$", block, re.M)
+        reason = re.search(r"^\s+reason: (.*)$", block, re.M)
         files = {name: re.search(rf"^\s+{name}: (.*)$", block, re.M) for name in ("input", "output", "benchmark")}
         resources = dict(kv.split("=", 1) for kv in res.group(1).split(", ")) if res else {}
         jobs.append(Job(m.group(1), dict(kv.split("=", 1) for kv in wc.group(1).split(", ")) if wc else {},
                         int(resources.get("gpu", 0)), resources, int(threads.group(1)) if threads else 1,
                         *(_file_list(files[n] and files[n].group(1)) for n in ("input", "output")),
-                        files["benchmark"].group(1) if files["benchmark"] else None))
+                        files["benchmark"].group(1) if files["benchmark"] else None, reason.group(1) if reason else ""))
     return jobs
 
 
-def dry_run_jobs(directory: str, targets: list[str], *, forceall: bool, configfiles: list[str] = ()) -> list[Job]:
-    """Jobs of ``snakemake -n`` for the targets (with the overlay ``configfiles``)."""
+def dry_run_jobs(directory: str, targets: list[str], *, forceall: bool, configfiles: list[str] = (),
+                 rerun_incomplete: bool = False) -> list[Job]:
+    """Jobs of ``snakemake -n`` for the targets (with the overlay ``configfiles``); ``rerun_incomplete``:
+    outputs a running or cut-off job left incomplete count as to be made (as the profile's
+    ``rerun-incomplete: true``), instead of stopping the dry run."""
     repo = Path(__file__).resolve().parents[2]
     cmd = [sys.executable, "-m", "snakemake", "-s", str(repo / "Snakefile"), "-n", "--directory", directory, *targets]
     if configfiles:
         cmd += ["--configfile", *configfiles]
     if forceall:
         cmd.append("--forceall")
+    if rerun_incomplete:
+        cmd.append("--rerun-incomplete")
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"snakemake dry run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")

@@ -2,9 +2,11 @@
 with what happened (the logger plugin's events, Slurm's accounting, the ``benchmark:`` files and
 the outputs on disk).
 
-Each planned job is ``done`` (its outputs exist and no attempt is open), ``running``, ``queued``
-(submitted, waiting in Slurm's queue), ``failed`` (its last attempt failed and none followed yet)
-or ``waiting`` (not started: its inputs are not all there, or Snakemake has not reached it).
+Each planned job is ``done`` (its outputs exist, no attempt is open and Snakemake would not run it
+again), ``running``, ``queued`` (submitted, waiting in Slurm's queue), ``failed`` (its last attempt
+failed and none followed yet) or ``waiting`` (not started: its inputs are not all there, Snakemake has
+not reached it, or Snakemake will make it again: ``rerun`` holds its reason, say a changed config or
+code). Which jobs Snakemake will run comes from Snakemake itself: a dry run without ``--forceall``.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class JobStatus:
     attempts: list[Attempt]
     output: list[str]
     job: cost.Job | None = None  # the planned job (what the cost model prices)
+    rerun: str = ""              # outputs there, yet Snakemake will make them again: its reason
 
     @property
     def spent_seconds(self) -> float:
@@ -158,7 +161,7 @@ def _plan_key(directory: Path, targets: list[str], configfiles: list[str]) -> st
     for path in files:
         h.update(str(path).encode() + b"\0" + (path.read_bytes() if path.exists() else b"<missing>") + b"\0")
     h.update(json.dumps([targets, configfiles, version("snakemake")]).encode())
-    for src in sorted((REPO / "src" / "pwopsd").rglob("*.py")):  # what the Snakefile imports (paths, settings, runs)
+    for src in sorted([*(REPO / "src" / "pwopsd").rglob("*.py"), *(REPO / "workflow" / "scripts").glob("*.py")]):  # what the Snakefile imports (paths, settings, runs)
         h.update(str(src.relative_to(REPO)).encode() + b"\0" + src.read_bytes())
     return h.hexdigest()[:20]
 
@@ -177,6 +180,33 @@ def plan_jobs(directory: Path, targets: list[str], configfiles: list[str] = ()) 
     tmp.write_text(json.dumps([asdict(j) for j in jobs]))
     tmp.replace(cache)
     return jobs
+
+
+def to_run(directory: Path, targets: list[str], configfiles: list[str], plan: list[cost.Job]) -> dict[str, str]:
+    """The jobs Snakemake would run now for the targets, key -> its reason: its own dry run, without
+    --forceall (outputs a running job left incomplete count as to be made, as with the profile's
+    ``rerun-incomplete``). Cached by what decides it: the plan's key and the state of every planned
+    output (its time and size, Snakemake's incomplete mark); a finished job changes both."""
+    directory = Path(directory)
+    configfiles = [str((directory / f).resolve()) for f in configfiles]
+    h = hashlib.sha256(_plan_key(directory, targets, configfiles).encode())
+    for out in sorted({o for job in plan for o in job.output}):
+        try:
+            st = (directory / out).stat()
+            h.update(f"{out}\0{st.st_mtime_ns}\0{st.st_size}\0{incomplete_marker(directory, out).exists()}\0".encode())
+        except OSError:
+            h.update(f"{out}\0-\0".encode())
+    cache = directory / PLAN_DIR / f"to-run-{h.hexdigest()[:20]}.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
+    jobs = cost.dry_run_jobs(str(directory), targets, forceall=False, configfiles=configfiles, rerun_incomplete=True)
+    out = {j.key: j.reason for j in jobs if j.rule != "all"}
+    for old in cache.parent.glob("to-run-*.json"):  # one at a time: the next state makes a new one
+        old.unlink(missing_ok=True)
+    tmp = cache.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(out))
+    tmp.replace(cache)
+    return out
 
 
 def file_closure(jobs: list[cost.Job]) -> dict[str, set[str]]:
@@ -424,6 +454,8 @@ def collect(directory: Path | str, targets: list[str] | None = None, configfiles
     local_by_key: dict[str, list[ev.LocalAttempt]] = {}
     for la in local:
         local_by_key.setdefault(la.key, []).append(la)
+    rerun = to_run(directory, targets, list(configfiles), full_plan)
+    alive = {inv.workflow_id: inv.alive for inv in invocations}
     jobs = []
     for job in plan:
         try:
@@ -438,8 +470,11 @@ def collect(directory: Path | str, targets: list[str] | None = None, configfiles
         if not attempts and job.benchmark and (directory / job.benchmark).exists():  # ran before events were kept
             s = _benchmark_seconds(directory / job.benchmark)
             attempts = [Attempt(1, "COMPLETED", s, job.gpus, None, None)]
+        open_ = _head_open(local_by_key.get(job.key, []), attempts, alive)
+        state = _state(directory, job, attempts, open_)
+        again = rerun.get(job.key, "") if state == "done" else ""
         jobs.append(JobStatus(job.key, job.rule, job.wildcards, job.wildcards.get("model", ""), job.gpus, planned,
-                              _state(directory, job, attempts, local_by_key.get(job.key, [])), attempts, job.output, job))
+                              "waiting" if again else state, attempts, job.output, job, rerun=again))
     shown = list(targets) if targets else default_targets(plan_jobs(directory, [], list(configfiles)))
     if by_comment:
         accounting = "sacct"
@@ -452,9 +487,21 @@ def collect(directory: Path | str, targets: list[str] | None = None, configfiles
                     "done": i.done, "total": i.total, "errors": len(i.errors)} for i in invocations])
 
 
-def _state(directory: Path, job: cost.Job, attempts: list[Attempt], local: list[ev.LocalAttempt]) -> str:
+def _head_open(local: list[ev.LocalAttempt], attempts: list[Attempt], alive: dict[str, bool | None]) -> bool:
+    """Whether a Snakemake head still holds the job: its last attempt neither ended nor was cut off.
+    A head on another host (a login node: its process cannot be seen from here) is taken to hold a
+    Slurm job only while Slurm says the job has not ended; once it has, the attempt is closed (else a
+    failed job whose head died there would show "queued" forever)."""
+    if not local or local[-1].ok is not None or local[-1].cut_off:
+        return False
     last = attempts[-1] if attempts else None
-    snakemake_open = bool(local) and local[-1].ok is None and not local[-1].cut_off
+    if alive.get(local[-1].invocation) is None and last is not None and last.slurm_jobid:
+        return last.state in (*slurm.ACTIVE_STATES, "REQUEUED")
+    return True
+
+
+def _state(directory: Path, job: cost.Job, attempts: list[Attempt], snakemake_open: bool) -> str:
+    last = attempts[-1] if attempts else None
     outputs_there = bool(job.output) and all((directory / o).exists() for o in job.output)
     if last is None:
         return "done" if outputs_there else "waiting"

@@ -61,6 +61,16 @@ def summary_line(status: Status) -> str:
             f"{status.accounting}")
 
 
+def rerun_line(status: Status) -> str:
+    """The finished jobs Snakemake will make again, with its reasons, counted ('' when none)."""
+    again = [j for j in status.jobs if j.rerun]
+    if not again:
+        return ""
+    why = Counter(j.rerun.split(":")[0].strip() for j in again)
+    return (f"{len(again)} finished job(s) will be made again (shown waiting): "
+            + "; ".join(f"{n} x {reason}" for reason, n in why.most_common()))
+
+
 def uses_gpus(status: Status) -> bool:
     return any(j.gpus for j in status.jobs)
 
@@ -90,6 +100,8 @@ def terminal(status: Status, console=None, failures: int = 20) -> None:
     console = console or Console(width=None if Console().is_terminal else 160)
     console.print(f"[bold]{x(status.directory)}[/bold]  {_when(status.taken)}")
     console.print(x(summary_line(status)))
+    if rerun_line(status):
+        console.print(f"[yellow]{x(rerun_line(status))}[/yellow]")
     t = Table(title="Targets", title_justify="left")
     for col in ("target", "done", "running", "queued", "failed", "waiting", "waits on"):
         t.add_column(col, justify="right" if col in STATES else "left")
@@ -193,6 +205,7 @@ def page(status: Status) -> str:
              "</head><body>",
              f"<h1>Run status: {e(status.directory)}</h1>",
              f"<div class=meta>taken {_when(status.taken)} &middot; {e(summary_line(status))}</div>",
+             *([f"<div class=meta>{e(rerun_line(status))}</div>"] if rerun_line(status) else []),
              "<div class=legend>" + "".join(f"<span><i style='background:{COLORS[s]}'></i>{s} {c[s]}</span>" for s in STATES)
              + "</div>", _bar(c, len(status.jobs)),
              "<h2>Progress per target</h2><table><tr><th>target</th><th>progress</th><th>done</th><th>running</th>"
