@@ -46,11 +46,18 @@ def profile():
     return yaml.safe_load(PROFILE.read_text())
 
 
-def filled_profile(tmp_path, *, threads=None, account="myacct"):
-    """The user's one-file edit: a copy of the profile with the CHANGE_ME values set."""
-    text = (PROFILE.read_text().replace("CHANGE_ME_ACCOUNT", account).replace("CHANGE_ME_CPU_PARTITION", "cpu")
-            .replace("CHANGE_ME_GPU_PARTITION", "gpu"))
+def filled_profile(tmp_path, *, threads=None, account="myacct", fill=True):
+    """The user's one-file edit: a copy of the profile with the CHANGE_ME values set (``fill``).
+    Its jobs run in this test environment, which holds every package: the profile's
+    software-deployment-method (conda, which these machines cannot install: the job environments'
+    CUDA wheels and conda itself are not on PyPI) is left out; test_the_profile_deploys_conda_environments
+    checks it is there and what a node without conda is told."""
+    text = PROFILE.read_text()
+    if fill:
+        text = (text.replace("CHANGE_ME_ACCOUNT", account).replace("CHANGE_ME_CPU_PARTITION", "cpu")
+                .replace("CHANGE_ME_GPU_PARTITION", "gpu").replace("CHANGE_ME_GPU_TYPE", "h100"))
     prof = yaml.safe_load(text)
+    prof.pop("software-deployment-method")
     if threads is not None:
         prof["set-threads"] = {rule: threads for rule in prof["set-threads"]}
     d = tmp_path / "slurm"
@@ -114,7 +121,8 @@ def test_change_me_values_stop_the_run_before_any_job_naming_file_and_key(tmp_pa
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     for key in ("default-resources.slurm_account is CHANGE_ME_ACCOUNT", "default-resources.slurm_partition is "
-                "CHANGE_ME_CPU_PARTITION", "set-resources.generate.slurm_partition is CHANGE_ME_GPU_PARTITION"):
+                "CHANGE_ME_CPU_PARTITION", "set-resources.generate.slurm_partition is CHANGE_ME_GPU_PARTITION",
+                "set-resources.train.gpu_model is CHANGE_ME_GPU_TYPE"):
         assert f"profiles/slurm/profile.yaml: {key}" in out, out[-2000:]
     assert not (work / "results").exists() and not (work / "logs").exists()  # not even a local job ran
 
@@ -126,7 +134,8 @@ def test_a_run_that_submits_nothing_shows_its_plan_with_one_warning(tmp_path, fl
     naming the keys, and shows the plan: jobs with their GPUs and partitions."""
     work = tmp_path / "work"
     shutil.copytree(REPO / "config", work / "config")
-    proc = run_snakemake(flags + ["--profile", "slurm", "--directory", str(work), "results/tables/main_4b.tex"])
+    proc = run_snakemake(flags + ["--profile", str(filled_profile(tmp_path, fill=False)), "--directory", str(work),
+                                  "results/tables/main_4b.tex"])
     out = proc.stdout + proc.stderr
     assert out.count("the Slurm profile is not set up") == 1, out[-3000:]
     for key in ("default-resources.slurm_account is CHANGE_ME_ACCOUNT", "set-resources.train.slurm_partition is "
@@ -136,7 +145,7 @@ def test_a_run_that_submits_nothing_shows_its_plan_with_one_warning(tmp_path, fl
     if flags[0].startswith("-n"):
         counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", out[out.index("Job stats:"):], re.M)}
         assert counts["train"] == 5 and counts["table"] == 1, counts
-        assert re.search(r"rule train:(?:\n    [^\n]*)*?\n    resources: [^\n]*slurm_partition=CHANGE_ME_GPU_PARTITION[^\n]*gpu=4, gpu_model=h100", out)
+        assert re.search(r"rule train:(?:\n    [^\n]*)*?\n    resources: [^\n]*slurm_partition=CHANGE_ME_GPU_PARTITION[^\n]*gpu=4, gpu_model=CHANGE_ME_GPU_TYPE", out)
     assert not (work / "results").exists() and not (work / "logs").exists()
 
 
@@ -236,6 +245,7 @@ def _slurm_diagnostic():
         copy_tiny_inputs(source, work)
         config = yaml.safe_load((REPO / "tiny" / "config" / "config.yaml").read_text())
         config["models"]["tiny_qwen3"]["gpus"] = {"generate": 2, "train": 0, "forward": 1}
+        config["cluster"] = {"gpu_jobs_on_cpu": True}  # the test Slurm's GPUs are device files: said, not found
         config["models"]["tiny_qwen3"]["vllm"] = {"tensor_parallel_size": 2}
         config["models"]["tiny_qwen3"]["size_b"] = 4.0  # the cost plan prices its GPU jobs as a 4B model's (pwopsd.status)
         # A third of the tiny run's problems: the jobs, resources and retries are what is tested here.
@@ -915,3 +925,38 @@ def test_the_status_page_rendered_by_chromium_shows_progress_and_spend(slurm_run
                   for name, color in render.COLORS.items()}
     assert everywhere["planned"] > 20 and everywhere["spent"] > 20, everywhere  # the spend chart's bars
     assert counts["done"] and counts["running"] + counts["queued"] and len(snap.jobs) > counts["done"], counts
+
+
+def test_the_preflight_asks_slurm_for_every_gpu_request_and_names_a_gres_type_it_refuses(slurm_cluster, tmp_path):
+    """On the test Slurm (GRES gpu:h100:4, partitions gpu and cpu): the paper config's GPU rules with
+    the profile filled in are each accepted by sbatch itself (--test-only); the GRES type a site with
+    NVML autodetect names (nvidia_h100_80gb_hbm3) is refused for every one of them, naming the
+    setting and the partition's real types; a partition Slurm lacks and a time limit shorter than
+    cluster.max_runtime_min are named too."""
+    from pwopsd.config import load_config
+    from pwopsd.preflight import slurm_findings
+
+    cfg = load_config(REPO / "config" / "config.yaml")
+    prof = yaml.safe_load((filled_profile(tmp_path, account=slurm_cluster.account) / "profile.yaml").read_text())
+    env = slurm_cluster.env()
+    good = slurm_findings(prof, cfg, env=env)
+    assert all(f.ok for f in good), [f.message for f in good if not f.ok]
+    gpu_rules = GPU_RULES | {"generate_sweep_step"}
+    assert {f.message.split(":")[0] for f in good if f.check == "GRES"} == {f"rule {r}" for r in gpu_rules}
+    for res in prof["set-resources"].values():
+        if "gpu_model" in res:
+            res["gpu_model"] = "nvidia_h100_80gb_hbm3"
+    refused = [f for f in slurm_findings(prof, cfg, env=env) if f.check == "GRES"]
+    assert refused and not any(f.ok for f in refused)
+    assert {f.setting.split(": ")[1].split(" ")[0] for f in refused} == {f"set-resources.{r}.gpu_model" for r in gpu_rules}
+    assert all("GPU types: h100" in f.message for f in refused)
+    prof["set-resources"]["train"]["slurm_partition"] = "h100q"
+    (missing,) = [f for f in slurm_findings(prof, cfg, env=env) if f.check == "partition" and not f.ok]
+    assert "partition h100q does not exist" in missing.message
+    short = subprocess.run(["scontrol", "update", "PartitionName=cpu", "MaxTime=60"], env=env, capture_output=True)
+    try:
+        assert short.returncode == 0, short.stderr
+        (limit,) = [f for f in slurm_findings(prof, cfg, env=env) if f.check == "time limit"]
+        assert limit.setting == "cluster.max_runtime_min" and "cpu allows 60 min" in limit.message
+    finally:
+        subprocess.run(["scontrol", "update", "PartitionName=cpu", "MaxTime=INFINITE"], env=env, check=True)

@@ -2,6 +2,7 @@
 
 import time
 
+from pwopsd.accelerator import require_job_cuda
 from pwopsd.diagnostic.phases import forced_continuation_plan
 from pwopsd.generation.sampling import generate_resumable, generation_identity, make_backend
 from pwopsd.io import clear_partial, one_writer, partial_dir, read_parquet, write_parquet
@@ -15,6 +16,7 @@ from pwopsd.notice import Notice, exit_on_notice
 def main(snakemake):
     log = setup_logging(snakemake.log[0])
     set_threads(snakemake.threads)
+    require_job_cuda(snakemake)  # asked for GPUs and found none: stop now, not after a CPU fallback
     s, out = snakemake.params.settings, snakemake.output.continuations
     manifest = read_manifest(snakemake.input.model)
     requests, keys = forced_continuation_plan(read_parquet(snakemake.input.spines),

@@ -1,5 +1,6 @@
 """Rule spines (diagnostic Phase A): greedy student-template rollouts with a T=0.7 fallback, graded."""
 
+from pwopsd.accelerator import require_job_cuda
 from pwopsd.diagnostic.phases import run_spines, sample_problems
 from pwopsd.evaluation.grading import answer_grader
 from pwopsd.generation.sampling import generation_identity, make_backend
@@ -14,6 +15,7 @@ from pwopsd.notice import Notice, exit_on_notice
 def main(snakemake):
     log = setup_logging(snakemake.log[0])
     set_threads(snakemake.threads)
+    require_job_cuda(snakemake)  # asked for GPUs and found none: stop now, not after a CPU fallback
     s, out = snakemake.params.settings, snakemake.output.spines
     manifest = read_manifest(snakemake.input.model)
     tokenizer = load_tokenizer(manifest)

@@ -1,5 +1,6 @@
 """Rule teacher_pass (diagnostic Phase B): teacher-template distributions along every spine."""
 
+from pwopsd.accelerator import require_job_cuda
 from pwopsd.diagnostic.phases import run_teacher_pass
 from pwopsd.io import read_parquet, write_parquet
 from pwopsd.models import load_checkpoint
@@ -10,6 +11,7 @@ from pwopsd.standalone import standalone_snakemake
 def main(snakemake):
     log = setup_logging(snakemake.log[0])
     set_threads(snakemake.threads)
+    require_job_cuda(snakemake)  # asked for GPUs and found none: stop now, not after a CPU fallback
     s = snakemake.params.settings
     manifest, model, tokenizer = load_checkpoint(snakemake.input.model, s["dtype"])
     table = run_teacher_pass(model, tokenizer, read_parquet(snakemake.input.spines), s)

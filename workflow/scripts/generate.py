@@ -1,6 +1,7 @@
 """Rule generate: sample a checkpoint on every benchmark with one evaluation seed (or, with
 `evaluation.seeds_per_job: all`, every seed)."""
 
+from pwopsd.accelerator import require_job_cuda
 from pwopsd.generation.sampling import generation_path, run_generations
 from pwopsd.io import one_writer, read_parquet
 from pwopsd.models import read_manifest
@@ -13,6 +14,7 @@ from pwopsd.notice import exit_on_notice
 def main(snakemake):
     setup_logging(snakemake.log[0])
     set_threads(snakemake.threads)
+    require_job_cuda(snakemake)  # asked for GPUs and found none: stop now, not after a CPU fallback
     wc = snakemake.wildcards
     names = list(snakemake.params.benchmarks)
     seeds = {s: (seed, [generation_path(wc.model, wc.checkpoint, b, s) for b in names])

@@ -1,5 +1,6 @@
 """Rule train: one model x method training run (torchrun processes when several GPUs are given)."""
 
+from pwopsd.accelerator import require_job_cuda
 from pwopsd.cluster import slurm_restart
 from pwopsd.config import grading_options
 from pwopsd.io import one_writer, read_json, write_json
@@ -12,6 +13,7 @@ from pwopsd.notice import NOTICE_GRACE_SECONDS, exit_on_notice
 def main(snakemake):
     log = setup_logging(snakemake.log[0])
     set_threads(snakemake.threads)
+    require_job_cuda(snakemake)  # asked for GPUs and found none: stop now, not after a CPU fallback
     if restart := slurm_restart():  # requeued by Slurm: the same job id, run again
         log.info(restart)
     p = snakemake.params
@@ -29,6 +31,9 @@ def main(snakemake):
         "log_out": snakemake.output.log,
         "processes": max(1, int(snakemake.resources.get("gpu", 0) or 0)),  # part of the run key
     }
+    # Where the rollout engines' weights go (node-local disk: training.rollout_sync_dir): a speed
+    # setting, read from the config and outside the run key, as the tracker's.
+    args["sync_dir"] = snakemake.config["training"]["rollout_sync_dir"]
     log.info("rollout accuracy (training log only) graded with %s", args["grading"])
     # Read from the config, not params: switching tracking on or off reruns no training run.
     args["tracking"] = {"settings": snakemake.config.get("tracking"), "model": snakemake.wildcards.model,

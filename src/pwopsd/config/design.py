@@ -249,7 +249,18 @@ def rollout_engine_settings(cfg: dict, model: str) -> dict:
     v = cfg["models"][model]["vllm"]  # schema defaults filled by validation
     return {"gpu_memory_utilization": v["train_gpu_memory_utilization"], "enforce_eager": v["enforce_eager"],
             "kv_cache_memory_gib": v["kv_cache_memory_gib"], "enable_chunked_prefill": v["enable_chunked_prefill"],
-            "in_process": v["in_process"]}
+            "in_process": v["in_process"], "max_model_len": rollout_context(cfg)}
+
+
+# Room for a student prompt in the rollout engine's context when training.rollout_max_model_len is null.
+ROLLOUT_PROMPT_TOKENS = 3072
+
+
+def rollout_context(cfg: dict) -> int:
+    """The rollout engine's context: ``training.rollout_max_model_len``, else the longest completion
+    plus :data:`ROLLOUT_PROMPT_TOKENS`."""
+    tr = cfg["training"]
+    return int(tr.get("rollout_max_model_len") or tr["max_completion_length"] + ROLLOUT_PROMPT_TOKENS)
 
 
 def eval_models(cfg: dict) -> list[str]:

@@ -94,6 +94,9 @@ def _semantic_problems(cfg: dict) -> list[str]:
         for i, kind in enumerate(cfg["evaluation"]["sweep_tables"] if cfg["evaluation"]["sweep_steps"] else []):
             if kind not in cfg.get("tables", {}):
                 problems.append(f"evaluation.sweep_tables.{i}: {kind!r} is not a configured table (tables.{kind})")
+        if tr["rollout_backend"] == "vllm" and (tr["rollout_max_model_len"] or 0) and tr["rollout_max_model_len"] <= tr["max_completion_length"]:
+            problems.append(f"training.rollout_max_model_len: {tr['rollout_max_model_len']} leaves no room for a prompt "
+                            f"before a completion of training.max_completion_length={tr['max_completion_length']} tokens")
         for name in trained_models(cfg):
             m = cfg["models"][name]
             world = m["train"]["per_device_batch_size"] * m["train"]["gradient_accumulation_steps"] * max(1, m["gpus"]["train"])

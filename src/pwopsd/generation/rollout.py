@@ -209,13 +209,18 @@ def make_rollouts(backend: str, *, model, tokenizer, batch_size: int, model_path
         raise ValueError(f"training.rollout_backend: unknown rollout backend {backend!r} (hf or vllm)")
     import torch
 
+    from pwopsd.accelerator import rank_device
     from pwopsd.generation.sampling import make_backend
 
-    devices = str(local_rank) if torch.cuda.is_available() else ""  # the rank's own GPU (on CPU: none)
+    # the rank's own GPU, its entry of the job's CUDA_VISIBLE_DEVICES (on CPU: none)
+    devices = rank_device(local_rank) if torch.cuda.is_available() else ""
     if policy == "merged_bf16":  # the engine serves its own folder's weights, no adapters
         path, lora = str(policy_folder(model_path, Path(sync_dir) / "policy")), None
     else:
         path, lora = model_path, lora_rank
-    vllm = make_backend("vllm", {"path": path}, dtype=dtype, max_model_len=None,
-                        options={**engine, "tensor_parallel_size": 1, "max_lora_rank": lora, "engine_devices": devices})
+    # The context of a rollout (prompt and completion: training.rollout_max_model_len), not the
+    # model's own (131,072 tokens for Llama 3.1, whose KV cache does not fit the training share).
+    options = {k: v for k, v in engine.items() if k != "max_model_len"}
+    vllm = make_backend("vllm", {"path": path}, dtype=dtype, max_model_len=engine.get("max_model_len"),
+                        options={**options, "tensor_parallel_size": 1, "max_lora_rank": lora, "engine_devices": devices})
     return VLLMRollouts(vllm, sync_dir, policy=policy)

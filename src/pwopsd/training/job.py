@@ -216,7 +216,7 @@ def run(args: dict) -> None:
             rollouts = make_rollouts(cfg.rollout_backend, model=None, tokenizer=tokenizer,
                                      batch_size=cfg.rollout_batch_size, model_path=manifest["path"], dtype=args["dtype"],
                                      lora_rank=cfg.lora_r, engine=cfg.rollout_engine,
-                                     sync_dir=sync_root(args["work_dir"], args.get("job_tag", "local")) / f"rank-{rank}",
+                                     sync_dir=sync_root(args["work_dir"], args.get("job_tag", "local"), args.get("sync_dir")) / f"rank-{rank}",
                                      local_rank=int(os.environ.get("LOCAL_RANK", "0")), policy=cfg.rollout_policy)
         trainer = Trainer(model, tokenizer, examples, cfg, args["work_dir"],
                           add_special_tokens=args["chat_template"].get("add_special_tokens", True),
@@ -297,10 +297,24 @@ def job_tag() -> str:
     return f"slurm-{job}" if job else f"pid-{os.getpid()}"
 
 
-def sync_root(work_dir: str | Path, tag: str) -> Path:
+def sync_base(work_dir: str | Path, folder: str | None = None) -> Path:
+    """Where a run's rollout engines' weights are written: under ``folder``
+    (``training.rollout_sync_dir``, environment variables expanded: ``$TMPDIR`` is the node's own
+    disk on most Slurm sites), in a folder of the run's key, else beside its checkpoints."""
+    if folder:
+        place = os.path.expandvars(os.path.expanduser(folder))
+        if "$" in place:  # a variable this node does not set ($TMPDIR outside Slurm): its temporary folder
+            import tempfile
+
+            place = tempfile.gettempdir()
+        return Path(place) / "pwopsd-rollout-sync" / Path(work_dir).name
+    return Path(work_dir) / "rollout-sync"
+
+
+def sync_root(work_dir: str | Path, tag: str, folder: str | None = None) -> Path:
     """The rollout engines' sync folders of one attempt (``<tag>/rank-N``): the policy weights the
     engines load are never a folder another copy of the run writes."""
-    return Path(work_dir) / "rollout-sync" / tag
+    return sync_base(work_dir, folder) / tag
 
 
 def launch(args: dict, processes: int, args_path: str | Path, log_path: str | Path | None = None,
@@ -310,11 +324,11 @@ def launch(args: dict, processes: int, args_path: str | Path, log_path: str | Pa
     any process fails the job. The rollout sync folders of earlier attempts are removed first (the
     caller holds the run's lock, so no other copy uses them) and this attempt's at the end."""
     args = {**args, "processes": max(1, int(processes)), "job_tag": job_tag()}
-    shutil.rmtree(Path(args["work_dir"]) / "rollout-sync", ignore_errors=True)
+    shutil.rmtree(sync_base(args["work_dir"], args.get("sync_dir")), ignore_errors=True)
     try:
         _launch(args, processes, args_path, log_path, shutdown_timeout)
     finally:
-        shutil.rmtree(sync_root(args["work_dir"], args["job_tag"]), ignore_errors=True)
+        shutil.rmtree(sync_root(args["work_dir"], args["job_tag"], args.get("sync_dir")), ignore_errors=True)
 
 
 def _launch(args: dict, processes: int, args_path: str | Path, log_path: str | Path | None = None,
