@@ -68,6 +68,24 @@ if SLURM_PROFILE is not None and workflow.exec_mode == ExecMode.DEFAULT:
         logger.warning(_problem)
 
 
+# The canary's first minute (config/smoke.yaml sets cluster.preflight): the preflight's login-node
+# checks (python -m pwopsd.preflight: sbatch's answer to every GPU request, partitions and time
+# limits, conda, each engine's memory, the sync folder) before any job is submitted.
+if (SLURM_PROFILE is not None and workflow.exec_mode == ExecMode.DEFAULT and config["cluster"]["preflight"]
+        and clustermod.planning_flag(sys.argv[1:]) is None):
+    from pwopsd import preflight
+
+    _methods = workflow.deployment_settings.deployment_method or ()
+    _found = preflight.cluster_findings({"default-resources": dict(SLURM_PROFILE.defaults),
+                                         "set-resources": {r: dict(v) for r, v in SLURM_PROFILE.per_rule.items()},
+                                         "software-deployment-method": [str(getattr(m, "name", m)).lower() for m in _methods]},
+                                        config)
+    logger.info("preflight (cluster.preflight):\n" + preflight.report(_found))
+    if preflight.failed(_found):
+        raise WorkflowError("the preflight failed before any job (cluster.preflight; python -m pwopsd.preflight):\n  "
+                            + "\n  ".join(f"{f.message} -> change: {f.setting}" for f in preflight.failed(_found)))
+
+
 # The code behind every result (issue 51): each rule that runs a script gets a param holding the
 # digest of what the package modules its script imports do (pwopsd.keys.script_code_digest), so a
 # change of the code that computed a finished result reruns it, as a change of its config does,

@@ -104,3 +104,37 @@ def test_an_unknown_rollout_policy_is_named():
     with pytest.raises(ValueError, match="training.rollout_policy: unknown rollout policy 'merged'"):
         make_rollouts("hf", model=None, tokenizer=None, batch_size=1, model_path="", dtype="float32", lora_rank=4,
                       engine={}, sync_dir="unused", policy="merged")
+
+
+# -- the rollout engine's runtime invariant (issue 52) ---------------------------------------------
+
+def test_the_weights_fingerprint_is_exact_and_free_of_order_and_split():
+    """Against Python's own integers: the sum modulo 2^64 of v*K1 + v*v*K2 over every element's bit
+    pattern; the same for any order or split of the tensors; a weight one bf16 step up and another
+    one step down change it (a plain sum of bit patterns would not see them)."""
+    from pwopsd.generation.rollout import _MIX1, _MIX2, weights_fingerprint
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(257, generator=gen).to(torch.bfloat16), torch.randn(3, 5, generator=gen)
+    expected = sum(v * _MIX1 + v * v * _MIX2 for v in a.view(torch.int16).tolist() + b.view(torch.int32).flatten().tolist())
+    assert weights_fingerprint([a, b]) == expected % 2**64
+    assert weights_fingerprint([b, a]) == weights_fingerprint([a[:100], b, a[100:]]) == expected % 2**64
+    moved = a.clone()
+    moved.view(torch.int16)[3] += 1
+    moved.view(torch.int16)[9] -= 1
+    assert int(a.view(torch.int16).sum()) == int(moved.view(torch.int16).sum())
+    assert weights_fingerprint([moved, b]) != weights_fingerprint([a, b])
+
+
+def test_the_probe_stops_a_stale_engine_and_one_far_from_the_trainer_naming_the_step():
+    from pwopsd.generation.rollout import EngineProbe, StaleEngineError
+
+    probe = EngineProbe([1, 2, 3], "bfloat16")
+    probe.check(0, fingerprint=7, engine=[-1.0, -2.0], trainer=[-1.1, -2.0])
+    probe.check(1, fingerprint=7, engine=[-1.0, -2.0], trainer=[-1.1, -2.0])  # weights unchanged: same log-probs fine
+    with pytest.raises(StaleEngineError, match="step 2: the synced policy's weights changed since step 1"):
+        probe.check(2, fingerprint=8, engine=[-1.0, -2.0], trainer=[-1.05, -2.0])
+    probe.check(2, fingerprint=8, engine=[-1.0, -2.0 + 2**-10], trainer=[-1.05, -2.0])
+    with pytest.raises(StaleEngineError, match=r"step 3: .* differ from the trainer's by up to 0\.5"):
+        probe.check(3, fingerprint=9, engine=[-1.5, -2.0], trainer=[-1.0, -2.0])
+    assert probe.tolerance == 0.25 and EngineProbe([1], "float32").tolerance == 2**-10

@@ -960,3 +960,19 @@ def test_the_preflight_asks_slurm_for_every_gpu_request_and_names_a_gres_type_it
         assert limit.setting == "cluster.max_runtime_min" and "cpu allows 60 min" in limit.message
     finally:
         subprocess.run(["scontrol", "update", "PartitionName=cpu", "MaxTime=INFINITE"], env=env, check=True)
+
+
+def test_the_canary_runs_the_preflight_before_any_job_and_stops_naming_what_fails(tmp_path):
+    """config/smoke.yaml sets cluster.preflight: a Slurm run then runs the preflight's login-node
+    checks first and stops before any job, naming each failure and its setting (here: no Slurm to
+    ask, jobs without conda environments, no Hub to read the models' config.json from)."""
+    work = tmp_path / "work"
+    shutil.copytree(REPO / "config", work / "config")
+    assert yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())["cluster"]["preflight"] is True
+    proc = run_snakemake(["results/data/benchmarks/math500.parquet", "--profile", str(filled_profile(tmp_path)),
+                          "--directory", str(work), "--configfile", str(work / "config" / "smoke.yaml")],
+                         env={"PATH": "/usr/bin:/bin:" + str(Path(sys.executable).parent)}, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "the preflight failed before any job" in out, out[-3000:]
+    assert "-> change: software-deployment-method" in out and "config.json of Qwen/Qwen3-4B cannot be read" in out
+    assert not (work / "results").exists() and not (work / "logs").exists()

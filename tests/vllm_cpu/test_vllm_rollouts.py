@@ -242,3 +242,37 @@ def test_the_merged_bf16_policy_is_reloaded_by_the_engine_every_step(merged_run)
     assert merged_run["outputs"][0] != merged_run["outputs"][4]
     assert len(merged_run["syncs"]) == 4 and all(s > 0 for s in merged_run["syncs"])
     assert merged_run["folder"] == ["policy"]  # the engine's model folder only: no adapters
+
+
+@pytest.mark.parametrize("policy", ["merged_bf16", "adapter"])
+def test_at_the_papers_learning_rate_an_engine_that_never_reloads_stops_the_run_naming_the_step(base, tokenizer,
+                                                                                             tmp_path, policy):
+    """At lr 5e-6 (the paper's) a step moves the policy's log-probs by less than the probe's
+    tolerance, so an engine left on old weights samples almost the same rollouts. The probe's exact
+    fingerprint of the synced weights tells it apart: a synced engine trains 2 steps, its log-probs
+    of the probe within tolerance of the trainer's and changed at the second sync; the same run with
+    the engine's reload (merged_bf16) or adapter switch (adapter) disabled stops at step 1."""
+    from pwopsd.generation.rollout import PROBE_TOLERANCE
+
+    cfg = train_config(lr=5e-6, max_steps=2, save_every=2, rollout_policy=policy)
+    trainer = make_trainer(base, tokenizer, tmp_path / "synced", cfg)
+    try:
+        assert [h["step"] for h in trainer.train()] == [1, 2]
+        probe = trainer.rollout_engine.probe
+        first = probe.last[1]
+    finally:
+        trainer.rollout_engine.close()
+    assert probe.last[2] == 1 and 0 < probe.max_difference <= PROBE_TOLERANCE["bfloat16" if policy == "merged_bf16" else "float32"]
+    print(f"{policy}: the engine's probe log-probs lie within {probe.max_difference:.2e} of the trainer's")
+    stale = make_trainer(base, tokenizer, tmp_path / "stale", cfg)
+    if policy == "merged_bf16":
+        stale.rollout_engine.backend.reload_weights = lambda: None
+    else:
+        stale.rollout_engine.backend.use_adapter = lambda path: None
+    try:
+        with pytest.raises(RolloutEngineError, match="failed at step 1 .*StaleEngineError: step 1: the synced policy's "
+                                                     "weights changed since step 0"):
+            stale.train()
+    finally:
+        stale.rollout_engine.close()
+    assert first is not None

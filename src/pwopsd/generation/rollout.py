@@ -152,6 +152,79 @@ def policy_folder(base_path: str | Path, folder: str | Path) -> Path:
     return folder
 
 
+# How far an engine's log-probs of the probe may lie from the trainer's own (its other kernels; the
+# bf16 rounding of a merge): a few dozen of the policy weights' unit roundoffs (bf16: 2^-8, a merged
+# policy's weights are bf16 whatever the compute dtype), none for a wrong or stale model.
+PROBE_TOLERANCE = {"bfloat16": 64 * 2.0**-8, "float16": 64 * 2.0**-11, "float32": 2.0**-10}
+# A sentence of the training task's kind, tokenized with the run's tokenizer: the probe sequence.
+PROBE_TEXT = "Question: what is 12 + 30? Answer: we add the tens, 10 + 30 = 40, then the ones: 40 + 2 = 42. So 42."
+
+
+class StaleEngineError(RuntimeError):
+    """The rollout engine does not serve the policy the trainer synced to it."""
+
+
+_MIX1, _MIX2 = 0x9E3779B97F4A7C15 - (1 << 64), 0x632BE59BD9B4E019  # odd constants, as int64
+
+
+def weights_fingerprint(tensors) -> int:
+    """An exact fingerprint of tensors' bits that does not depend on their order or on how they
+    are split or concatenated: the sum, modulo 2^64, of a nonlinear function of each element's bit
+    pattern (so a weight one bf16 step up and another one step down do not cancel)."""
+    import torch
+
+    views = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    total = 0
+    for t in tensors:
+        v = t.detach().contiguous().view(views[t.element_size()]).to(torch.int64).flatten()
+        total += int((v * _MIX1 + (v * v) * _MIX2).sum())  # int64 products and sums wrap: exact modulo 2^64
+    return total % (1 << 64)
+
+
+def policy_logprobs(peft_model, token_ids) -> list[float]:
+    """The trainer's log-probability of each token of ``token_ids`` after the ones before it."""
+    import torch
+
+    was_training = peft_model.training
+    peft_model.eval()
+    try:
+        with torch.no_grad():
+            device = next(peft_model.parameters()).device
+            logits = peft_model(input_ids=torch.tensor([list(token_ids)], device=device)).logits[0, :-1].float()
+            logp = torch.log_softmax(logits, dim=-1)
+            return logp.gather(1, torch.tensor(token_ids[1:], device=device)[:, None])[:, 0].tolist()
+    finally:
+        peft_model.train(was_training)
+
+
+class EngineProbe:
+    """The runtime invariant of a rollout engine (issue 52): after each sync, the engine's
+    log-probs of a fixed probe sequence lie within the dtype's tolerance of the trainer's own, and
+    when the synced weights changed (their exact fingerprint), the engine's log-probs changed too.
+    The second catches an engine that never reloads even at the paper's learning rate, where a
+    step moves a weight by less than the tolerance; the first a wrong or mangled model."""
+
+    def __init__(self, token_ids, dtype: str):
+        self.ids = [int(t) for t in token_ids]
+        self.tolerance = PROBE_TOLERANCE[dtype]
+        self.last: tuple[int, list[float], int] | None = None  # (fingerprint, engine log-probs, step)
+        self.max_difference = 0.0
+
+    def check(self, step: int, fingerprint: int, engine: list[float], trainer: list[float]) -> None:
+        diff = max(abs(a - b) for a, b in zip(engine, trainer))
+        self.max_difference = max(self.max_difference, diff)
+        if self.last is not None and fingerprint != self.last[0] and engine == self.last[1]:
+            raise StaleEngineError(
+                f"step {step}: the synced policy's weights changed since step {self.last[2]}, but the rollout engine's "
+                f"log-probs of the probe are bit for bit the same: it still serves the old weights (its reload or "
+                f"adapter switch did not take)")
+        if diff > self.tolerance:
+            raise StaleEngineError(
+                f"step {step}: the rollout engine's log-probs of the probe differ from the trainer's by up to {diff:.3g} "
+                f"(tolerance {self.tolerance:.3g}): it does not serve the trained policy")
+        self.last = (fingerprint, engine, step)
+
+
 class VLLMRollouts:
     """Rollouts from a colocated vLLM engine (``backend``). ``adapter``: the engine (built with
     ``max_lora_rank``) runs the current LoRA adapter, saved under ``sync_dir`` at every :meth:`sync`.
@@ -160,11 +233,12 @@ class VLLMRollouts:
 
     name = "vllm"
 
-    def __init__(self, backend, sync_dir: str | Path, *, policy: str = "adapter"):
+    def __init__(self, backend, sync_dir: str | Path, *, policy: str = "adapter", probe: EngineProbe | None = None):
         self.backend = backend
         self.sync_dir = Path(sync_dir)
         self.sync_dir.mkdir(parents=True, exist_ok=True)
         self.policy = check_policy(policy)
+        self.probe = probe
         self._current: Path | None = None
 
     def sync(self, peft_model, step: int) -> float:
@@ -176,17 +250,22 @@ class VLLMRollouts:
         if self.policy == "merged_bf16":
             from safetensors.torch import save_file
 
+            weights = merged_bf16_state_dict(peft_model)
             with atomic_path(self.sync_dir / "policy" / "model.safetensors") as tmp:
-                save_file(merged_bf16_state_dict(peft_model), str(tmp), metadata={"format": "pt", "step": str(step)})
+                save_file(weights, str(tmp), metadata={"format": "pt", "step": str(step)})
             self.backend.reload_weights()
-            return time.perf_counter() - t0
-        path = self.sync_dir / f"step-{step:06d}"
-        with atomic_path(path) as tmp:
-            peft_model.save_pretrained(tmp)
-        self.backend.use_adapter(path)
-        if self._current is not None and self._current != path:
-            shutil.rmtree(self._current, ignore_errors=True)
-        self._current = path
+        else:
+            path = self.sync_dir / f"step-{step:06d}"
+            with atomic_path(path) as tmp:
+                peft_model.save_pretrained(tmp)
+            self.backend.use_adapter(path)
+            if self._current is not None and self._current != path:
+                shutil.rmtree(self._current, ignore_errors=True)
+            self._current = path
+            weights = {n: p for n, p in peft_model.named_parameters() if ".lora_" in n}
+        if self.probe is not None:
+            self.probe.check(step, weights_fingerprint(weights.values()), self.backend.probe(self.probe.ids),
+                             policy_logprobs(peft_model, self.probe.ids))
         return time.perf_counter() - t0
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
@@ -221,6 +300,11 @@ def make_rollouts(backend: str, *, model, tokenizer, batch_size: int, model_path
     # The context of a rollout (prompt and completion: training.rollout_max_model_len), not the
     # model's own (131,072 tokens for Llama 3.1, whose KV cache does not fit the training share).
     options = {k: v for k, v in engine.items() if k != "max_model_len"}
+    options = {k: v for k, v in options.items() if k != "check"}
     vllm = make_backend("vllm", {"path": path}, dtype=dtype, max_model_len=engine.get("max_model_len"),
                         options={**options, "tensor_parallel_size": 1, "max_lora_rank": lora, "engine_devices": devices})
-    return VLLMRollouts(vllm, sync_dir, policy=policy)
+    probe = None
+    if engine.get("check", True):  # training.rollout_check
+        ids = tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+        probe = EngineProbe(ids, "bfloat16" if policy == "merged_bf16" else dtype)
+    return VLLMRollouts(vllm, sync_dir, policy=policy, probe=probe)

@@ -221,6 +221,23 @@ def run_engine(llm, requests: Sequence[GenerationRequest], min_p: float,
     return [to_completions(o) for o in outputs]
 
 
+def probe_logprobs(llm, token_ids: Sequence[int], adapter: Adapter | None = None) -> list[float]:
+    """The engine's log-probability of each token of ``token_ids`` after the ones before it (vLLM's
+    prompt log-probs of the model's own distribution: no temperature, no top-p/top-k)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    ids = [int(t) for t in token_ids]
+    out = llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0),
+                       use_tqdm=False, lora_request=adapter.request() if adapter is not None else None)
+    return [float(d[t].logprob) for d, t in zip(out[0].prompt_logprobs[1:], ids[1:])]
+
+
+def serve(llm, kind: str, payload, min_p: float, adapter: Adapter | None):
+    """One call to a built engine: ``generate`` (requests) or ``probe`` (token ids)."""
+    return run_engine(llm, payload, min_p, adapter) if kind == "generate" else probe_logprobs(llm, payload, adapter)
+
+
 class VLLMBackend:
     """One engine per job: the engine (or, with data parallelism, one engine process per rank) is
     started on the first :meth:`generate` call and reused by every later call (every shard of a
@@ -286,15 +303,30 @@ class VLLMBackend:
         built yet loads them when it starts."""
         self._reload = True
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
-        requests = list(requests)
+    def probe(self, token_ids: Sequence[int]) -> list[float]:
+        """The engine's log-probs of a fixed sequence (:func:`probe_logprobs`) with the weights it
+        serves now: a pending reload happens first. One engine (a rollout engine) only."""
+        if self.data_parallel_size != 1:
+            raise ValueError("probe needs a single engine (data_parallel_size 1)")
+        return self._single("probe", list(token_ids))
+
+    def _single(self, kind: str, payload):
         reload, self._reload = self._reload, False
-        if self.data_parallel_size == 1 and self.engine_devices is None:
+        if self.engine_devices is None:
             if self._llm is None:
                 self._llm = build_engine(self.engine_kwargs)
             elif reload:
                 reload_engine_weights(self._llm)
-            return run_engine(self._llm, requests, self.min_p, self.adapter)
+            return serve(self._llm, kind, payload, self.min_p, self.adapter)
+        (rank,) = self._start_ranks()
+        rank.submit(payload, self.adapter, reload, kind)
+        return rank.result()
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
+        requests = list(requests)
+        if self.data_parallel_size == 1:
+            return self._single("generate", requests)
+        reload, self._reload = self._reload, False
         ranks = self._start_ranks()
         shards = round_robin(len(requests), self.data_parallel_size)
         for rank, idx in zip(ranks, shards):
@@ -350,9 +382,9 @@ class _EngineProcess:
             self.process.start()
         child.close()
 
-    def submit(self, requests: list[GenerationRequest], adapter: Adapter | None = None, reload: bool = False) -> None:
+    def submit(self, requests, adapter: Adapter | None = None, reload: bool = False, kind: str = "generate") -> None:
         try:
-            self.conn.send((requests, adapter, reload))
+            self.conn.send((kind, requests, adapter, reload))
         except (BrokenPipeError, ConnectionResetError):
             self.process.join(timeout=5)
             raise RuntimeError(f"vLLM engine process {self.rank} died (exit code {self.process.exitcode}); "
@@ -405,13 +437,13 @@ def _engine_process_main(engine_kwargs: dict, min_p: float, gpus: str, conn) -> 
                 break
             if message is None:
                 break
-            requests, adapter, reload = message
+            kind, payload, adapter, reload = message
             try:
                 if llm is None:
                     llm = build_engine(engine_kwargs)
                 elif reload:
                     reload_engine_weights(llm)
-                conn.send(("ok", run_engine(llm, requests, min_p, adapter)))
+                conn.send(("ok", serve(llm, kind, payload, min_p, adapter)))
             except Exception as exc:  # reported to the parent, which fails the job with this cause
                 conn.send(("error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
     finally:
