@@ -80,10 +80,10 @@ if (SLURM_PROFILE is not None and workflow.exec_mode == ExecMode.DEFAULT and con
                                          "set-resources": {r: dict(v) for r, v in SLURM_PROFILE.per_rule.items()},
                                          "software-deployment-method": [str(getattr(m, "name", m)).lower() for m in _methods]},
                                         config)
-    logger.info("preflight (cluster.preflight):\n" + preflight.report(_found))
+    logger.info(f"preflight (cluster.preflight):\n{preflight.report(_found)}")
     if preflight.failed(_found):
-        raise WorkflowError("the preflight failed before any job (cluster.preflight; python -m pwopsd.preflight):\n  "
-                            + "\n  ".join(f"{f.message} -> change: {f.setting}" for f in preflight.failed(_found)))
+        _lines = "\n  ".join(f"{f.message} -> change: {f.setting}" for f in preflight.failed(_found))
+        raise WorkflowError(f"the preflight failed before any job (cluster.preflight; python -m pwopsd.preflight):\n  {_lines}")
 
 
 # The code behind every result (issue 51): each rule that runs a script gets a param holding the

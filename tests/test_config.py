@@ -162,11 +162,15 @@ def test_every_training_and_method_key_reaches_the_trainer(paper):
                       "threads": "the train rule's threads (settings.training_threads)",
                       "effective_batch": "checked against models.*.train x gpus.train",
                       "models": "which models are trained (trained_models)",
-                      "resume_across_code_changes": "workflow/scripts/train.py, from the config (switching it reruns nothing)"}
+                      "resume_across_code_changes": "workflow/scripts/train.py, from the config (switching it reruns nothing)",
+                      "rollout_sync_dir": "workflow/scripts/train.py, from the config (a speed setting)",
+                      "rollout_check": "the rollout engine's settings (rollout_engine.check)",
+                      "rollout_max_model_len": "the rollout engine's settings (rollout_engine.max_model_len)"}
     schema = load_schema()
     cfg = validate_config(paper)
     run = training_config(cfg, "qwen3_4b", "pwopsd_moderate")
     assert set(run) <= {f.name for f in fields(TrainConfig)}  # the trainer accepts every key
+    assert {"check", "max_model_len"} <= set(run["rollout_engine"])
     renamed = {"lora": ["lora_r", "lora_alpha", "lora_dropout", "lora_targets"], "seeds": ["seed"]}  # a run's own seed
     for key in schema["properties"]["training"]["properties"]:
         if key in used_elsewhere:

@@ -108,7 +108,8 @@ def _backends():
     for model in cfg["models"]:
         tr = training_config(cfg, model, "opsd")
         rollouts = make_rollouts("vllm", model=None, tokenizer=None, batch_size=1, model_path=f"/models/{model}",
-                                 dtype=cfg["models"][model]["dtype"], lora_rank=tr["lora_r"], engine=tr["rollout_engine"],
+                                 dtype=cfg["models"][model]["dtype"], lora_rank=tr["lora_r"],
+                                 engine={**tr["rollout_engine"], "check": False},  # no tokenizer here: no probe
                                  sync_dir=Path(os.environ.get("TMPDIR", "/tmp")) / "pwopsd-contract-sync")
         yield f"{model} (rollout engine)", rollouts.backend
 

@@ -10,6 +10,16 @@ spread) and fails on a non-finite value or an unmoved adapter. The CPU tests run
 (tests/vllm_cpu/test_families.py); this executes them where tensors live on a device.
 
     python tools/gpu_check.py --tokenizer DIR [--families qwen3 olmo3 llama]
+    python tools/gpu_check.py --tokenizer DIR --engine     # in the vLLM environment (envs/train.yaml)
+
+``--engine`` (issue 52) checks the colocated vLLM rollout engine where it runs on the cluster, on
+SmolLM2-135M's real shape (random bf16 weights): for both rollout policies, two PW-OPSD steps at the
+paper's learning rate with the engine up (the trainer's peak memory beside the engine, the sync's
+seconds, how far the engine's probe log-probs lie from the trainer's), the same run with the
+engine's reload disabled (the freshness check must stop it at step 1), and generation throughput
+seeded against unseeded and eager against CUDA graphs. One JSON line per part and a table; the
+cost plan's assumptions (``pwopsd.cost.ASSUMPTIONS``: ``merged_sync_s_per_b_params``, decode
+rates) are to be updated from it. ``--device cpu`` runs it in the CPU vLLM environment.
 """
 
 from __future__ import annotations
@@ -121,12 +131,122 @@ def check(family: str, tokenizer_dir: str, tmp: Path, device: str = "cuda") -> d
     return out
 
 
+def engine_settings(device: str) -> dict:
+    """The rollout engine's settings: the paper's for dsr1_llama_8b on a GPU, vLLM-CPU's on a CPU."""
+    from pwopsd.config import load_config, rollout_engine_settings
+
+    paper = rollout_engine_settings(load_config(REPO / "config" / "config.yaml"), "dsr1_llama_8b")
+    if device == "cuda":
+        return paper
+    return {**paper, "kv_cache_memory_gib": 1, "enable_chunked_prefill": False, "in_process": True}
+
+
+def engine_check(tokenizer_dir: str, tmp: Path, device: str = "cuda") -> list[dict]:
+    """The rollout engine's parts of ``--engine`` (see the module's text)."""
+    import torch
+
+    from pwopsd.config import load_config, training_config
+    from pwopsd.generation import GenerationRequest
+    from pwopsd.generation.rollout import PROBE_TOLERANCE, make_rollouts
+    from pwopsd.generation.sampling import eval_prompt_ids, make_backend
+    from pwopsd.models import load_model, load_tokenizer
+    from pwopsd.tiny.arithmetic import sample_problems
+    from pwopsd.training.loop import Example, RolloutEngineError, TrainConfig, Trainer
+
+    paper = load_config(REPO / "config" / "config.yaml")
+    base = {"model": "dsr1_llama_8b", **build("llama", tokenizer_dir, tmp / "base")}
+    tokenizer = load_tokenizer(base)
+    examples = [Example(p.problem, p.reference_solution(), str(p.answer))
+                for p in sample_problems(seed=5, n=8, levels=[1, 2, 3], max_operand=20)]
+    cuda, out = device == "cuda", []
+    steps = 64 if cuda else 24  # completion tokens a rollout
+    for policy in ("merged_bf16", "adapter"):
+        for stale in (False, True):
+            cfg = TrainConfig(**{**training_config(paper, "dsr1_llama_8b", "pwopsd_moderate"), "rollout_backend": "vllm",
+                                 "rollout_engine": engine_settings(device), "rollout_policy": policy, "max_steps": 2,
+                                 "stop_at": 2, "save_every": 2, "per_device_batch_size": 4, "gradient_accumulation_steps": 1,
+                                 "max_completion_length": steps})
+            work = tmp / f"{policy}-{'stale' if stale else 'synced'}"
+            trainer = Trainer(load_model(base, device=device, dtype="bfloat16"), tokenizer, examples, cfg, work)
+            trainer.rollout_engine = make_rollouts("vllm", model=None, tokenizer=tokenizer, batch_size=8, model_path=base["path"],
+                                                   dtype="bfloat16", lora_rank=cfg.lora_r, engine=cfg.rollout_engine,
+                                                   sync_dir=work / "sync", policy=policy)
+            if stale:
+                if policy == "merged_bf16":
+                    trainer.rollout_engine.backend.reload_weights = lambda: None
+                else:
+                    trainer.rollout_engine.backend.use_adapter = lambda path: None
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            row = {"part": "rollout engine", "policy": policy, "reload": "disabled" if stale else "on", "lr": cfg.lr}
+            t = time.time()
+            try:
+                history = trainer.train()
+                row.update(steps=len(history), stopped=None, sync_s=[round(h["sync_seconds"], 2) for h in history])
+            except RolloutEngineError as exc:
+                row.update(steps=trainer.step, stopped=str(exc)[:200])
+            finally:
+                probe = trainer.rollout_engine.probe
+                trainer.rollout_engine.close()
+            row.update(seconds=round(time.time() - t, 1), probe_max_difference=probe.max_difference,
+                       tolerance=PROBE_TOLERANCE["bfloat16"],
+                       trainer_peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None)
+            row["ok"] = (row["stopped"] is not None and "StaleEngineError" in row["stopped"]) if stale else \
+                (row["stopped"] is None and row["probe_max_difference"] <= row["tolerance"])
+            out.append(row)
+            print(json.dumps(row), flush=True)
+            del trainer
+            if cuda:
+                torch.cuda.empty_cache()
+    prompts = eval_prompt_ids(tokenizer, [e.problem for e in examples] * 4, enable_thinking=True, add_special_tokens=True)
+    for eager in (True, False):
+        options = {**engine_settings(device), "enforce_eager": eager, "gpu_memory_utilization": 0.5}
+        options.pop("check", None), options.pop("max_model_len", None)
+        backend = make_backend("vllm", base, dtype="bfloat16", max_model_len=2048, options=options)
+        try:
+            for seeded in (True, False):
+                reqs = [GenerationRequest(tuple(p), temperature=1.0, top_p=0.95, max_new_tokens=4 * steps,
+                                          seed=i if seeded else None) for i, p in enumerate(prompts)]
+                best = None
+                for _ in range(3):
+                    t = time.perf_counter()
+                    done = backend.generate(reqs)
+                    tokens = sum(len(c[0].token_ids) for c in done)
+                    best = max(best or 0.0, tokens / (time.perf_counter() - t))
+                row = {"part": "generation", "enforce_eager": eager, "seeded": seeded, "requests": len(reqs),
+                       "tokens_per_s": round(best, 1), "ok": best > 0}
+                out.append(row)
+                print(json.dumps(row), flush=True)
+        finally:
+            backend.close()
+    return out
+
+
+def engine_table(rows: list[dict]) -> str:
+    lines = ["| part | setting | result | ok |", "|---|---|---|---|"]
+    for r in rows:
+        if r["part"] == "rollout engine":
+            result = (f"stopped at step {r['steps']}" if r["stopped"] else f"{r['steps']} steps, sync {r['sync_s']} s") + \
+                     f", probe within {r['probe_max_difference']:.2e} (tol. {r['tolerance']:.2g}), trainer peak {r['trainer_peak_gib']} GiB"
+            setting = f"{r['policy']}, reload {r['reload']}, lr {r['lr']}"
+        else:
+            result, setting = f"{r['tokens_per_s']} tokens/s", f"{'eager' if r['enforce_eager'] else 'CUDA graphs'}, {'seeded' if r['seeded'] else 'unseeded'}"
+        lines.append(f"| {r['part']} | {setting} | {result} | {'yes' if r['ok'] else '**no**'} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokenizer", required=True, help="the SmolLM2 snapshot folder (tokenizer, chat template, config)")
     ap.add_argument("--families", nargs="+", default=list(FAMILY_ENTRY))
     ap.add_argument("--device", default="cuda", help="cuda (the check), or cpu (to try the script)")
+    ap.add_argument("--engine", action="store_true", help="check the rollout engine instead (vLLM environment)")
     args = ap.parse_args(argv)
+    if args.engine:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = engine_check(args.tokenizer, Path(tmp), args.device)
+        print(engine_table(rows))
+        return 0 if all(r["ok"] for r in rows) else 1
     failed = 0
     for family in args.families:
         with tempfile.TemporaryDirectory() as tmp:

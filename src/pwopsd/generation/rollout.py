@@ -299,12 +299,13 @@ def make_rollouts(backend: str, *, model, tokenizer, batch_size: int, model_path
         path, lora = model_path, lora_rank
     # The context of a rollout (prompt and completion: training.rollout_max_model_len), not the
     # model's own (131,072 tokens for Llama 3.1, whose KV cache does not fit the training share).
-    options = {k: v for k, v in engine.items() if k != "max_model_len"}
-    options = {k: v for k, v in options.items() if k != "check"}
+    options = {k: v for k, v in engine.items() if k not in ("max_model_len", "check")}
     vllm = make_backend("vllm", {"path": path}, dtype=dtype, max_model_len=engine.get("max_model_len"),
                         options={**options, "tensor_parallel_size": 1, "max_lora_rank": lora, "engine_devices": devices})
     probe = None
     if engine.get("check", True):  # training.rollout_check
+        if tokenizer is None:
+            raise ValueError("the rollout engine's check (training.rollout_check) needs the run's tokenizer")
         ids = tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
         probe = EngineProbe(ids, "bfloat16" if policy == "merged_bf16" else dtype)
     return VLLMRollouts(vllm, sync_dir, policy=policy, probe=probe)
