@@ -11,8 +11,10 @@ CPU work, and the CPU work overlaps the fast tests. A test that needs a part wai
 starts the part it needs itself.
 
 Each part is a :class:`Part` (a function run in a thread, after the parts it depends on); the
-terminal summary prints when each started and ended (:func:`report`), so that a change that costs
-time shows where.
+terminal summary prints when each started and ended (:func:`report`), and the CPU-seconds (user +
+system) of the processes it ran (:func:`run_child`, each with every process below it that it
+waited for), which the other parts running beside it do not move the way they move wall time; so
+that a change that costs time shows where.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ SESSION_START = time.time()
 _PARTS: dict[str, "Part"] = {}
 _LOCK = threading.Lock()
 _TIMES: dict[str, tuple[float, float]] = {}  # what the report lists: name -> (start, end), seconds
+_CPU: dict[str, float] = {}  # name -> CPU-seconds of the processes the part ran
+_CURRENT = threading.local()  # the part whose thread this is
 
 
 class Part:
@@ -46,6 +50,7 @@ class Part:
         try:
             for dep in self.after:
                 result(dep)
+            _CURRENT.name = self.name
             with timed(self.name):
                 self._value = self.fn()
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting test
@@ -118,8 +123,13 @@ def report(total: float | None = None) -> list[str]:
     if ci_start:
         lines.append(f"{'installs (before the session)':<34}{SESSION_START - float(ci_start):7.0f} s")
     for name, (a, b) in sorted(_TIMES.items(), key=lambda kv: kv[1]):
-        lines.append(f"{name:<34}{b - a:7.0f} s   (from {a:4.0f} s to {b:4.0f} s)")
-    lines.append(f"{'session':<34}{now:7.0f} s")
+        cpu = f"{_CPU[name]:7.0f} s" if name in _CPU else "      -  "
+        lines.append(f"{name:<34}{b - a:7.0f} s   (from {a:4.0f} s to {b:4.0f} s)   CPU {cpu}")
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_all = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    lines.append(f"{'session':<34}{now:7.0f} s   CPU {cpu_all:7.0f} s (this process {own.ru_utime + own.ru_stime:.0f} s)")
     if ci_start:
         lines.append(f"{'in all (installs and session)':<34}{time.time() - float(ci_start):7.0f} s")
     return lines
@@ -133,14 +143,39 @@ def run_child(cmd, **kwargs):
     :func:`stop_children` ends if the session ends before it does (``-x``, Ctrl-C)."""
     import subprocess
 
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            **kwargs)
+    proc = _Measured(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs)
     _CHILDREN.add(proc)
     try:
         out, err = proc.communicate()
     finally:
         _CHILDREN.discard(proc)
+        part = getattr(_CURRENT, "name", None)
+        if part is not None and proc.cpu_seconds is not None:
+            with _LOCK:
+                _CPU[part] = _CPU.get(part, 0.0) + proc.cpu_seconds
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _popen():
+    import subprocess
+
+    return subprocess.Popen
+
+
+class _Measured(_popen()):
+    """A Popen that reaps its process with ``wait4``, keeping the CPU-seconds (user + system) of it
+    and of every process below it that it waited for (Linux's rusage of a reaped child)."""
+
+    cpu_seconds: float | None = None
+
+    def _try_wait(self, wait_flags):
+        try:
+            pid, status, usage = os.wait4(self.pid, wait_flags)
+        except ChildProcessError:  # reaped elsewhere (a SIGCHLD handler): as Popen does
+            return self.pid, 0
+        if pid == self.pid:
+            self.cpu_seconds = usage.ru_utime + usage.ru_stime
+        return pid, status
 
 
 _AT_END: list[Callable[[], object]] = []
