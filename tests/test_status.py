@@ -17,7 +17,8 @@ from pwopsd import cost
 from pwopsd.config import load_config_files
 from pwopsd.status import events as ev
 from pwopsd.status import fit as fitmod
-from pwopsd.status.collect import Attempt, JobStatus, Status, file_closure
+from pwopsd.status.collect import Attempt, JobStatus, Status
+from pwopsd.status.plan import file_closure
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -331,7 +332,8 @@ def test_a_job_cut_off_in_one_run_and_made_in_the_next_has_two_attempts(tmp_path
     Snakemake it runs, whatever outputs exist."""
     import os
 
-    from pwopsd.status.collect import _local_attempts, incomplete_marker
+    from pwopsd.status.collect import _local_attempts
+    from pwopsd.status.plan import incomplete_marker
 
     folder = tmp_path / ev.EVENTS_DIR
     folder.mkdir(parents=True)
@@ -367,7 +369,7 @@ def test_the_incomplete_marker_is_snakemakes(tmp_path):
     characters), for a short and a long output path."""
     from snakemake.persistence.file import FilePersistence
 
-    from pwopsd.status.collect import incomplete_marker
+    from pwopsd.status.plan import incomplete_marker
 
     persistence = object.__new__(FilePersistence)  # only the record layout is used: no lock, no folders
     persistence._max_len = 255
