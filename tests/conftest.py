@@ -270,7 +270,7 @@ def tiny_run():
 FIXTURE_PARTS = {"tiny_run": "tiny run", "vllm_python": "vLLM environment", "vllm_engine_tests": "vLLM engine tests",
                  "vllm_diagnostic": "vLLM diagnostic", "vllm_stack_env": "vLLM-stack environment",
                  "slurm_cluster": "Slurm cluster start", "slurm_run": "Slurm diagnostic",
-                 "one_thread_build": "tiny build on one thread", "broken_trainings": "broken trainings",
+                 "broken_trainings": "broken trainings",
                  "slurm_training": "Slurm training interrupted", "real_model": "real model", "rehearsal": "rehearsal",
                  "chromium": "Chromium"}
 
