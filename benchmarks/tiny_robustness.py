@@ -104,9 +104,10 @@ def main(argv=None) -> int:
         work, seconds = run_build(seed, args.work / f"seed-{seed}", args.snakemake)
         rows.append((seed, *gains(work), seconds))
         print(f"build seed {seed}: {seconds:.0f} s", flush=True)
-    p = numeric_platform()
+    p, build = numeric_platform(), rows[0][3]  # the host; the path and products the builds ran with
     lines = [f"Avg@12 gain over the base model, mean of the four benchmarks, paired 95% interval; "
-             f"{p['vendor']} {p['model_name']}, kernel path {p['pinned_kernel_path']}, cpu_matmul {p['cpu_matmul']}:", "",
+             f"{p['vendor']} {p['model_name']}, kernel path {build.get('pinned_kernel_path')}, cpu_matmul "
+             f"{build.get('cpu_matmul', 'as the config sets it')}:", "",
              *table(rows), "", f"wall time per build (2 cores): {', '.join(f'{r[4]:.0f} s' for r in rows)}"]
     print("\n".join(lines))
     if args.out:
