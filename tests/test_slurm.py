@@ -976,3 +976,20 @@ def test_the_canary_runs_the_preflight_before_any_job_and_stops_naming_what_fail
     assert proc.returncode != 0 and "the preflight failed before any job" in out, out[-3000:]
     assert "-> change: software-deployment-method" in out and "config.json of Qwen/Qwen3-4B cannot be read" in out
     assert not (work / "results").exists() and not (work / "logs").exists()
+
+
+def test_the_preflight_gpu_job_checks_the_nodes_driver_against_each_environment(slurm_cluster, tmp_path, monkeypatch):
+    """`python -m pwopsd.preflight --gpu-job`: a one-GPU job of the train rule's partition and GPU
+    type (sbatch --wait) runs the node's part and hands back its findings; the test node has no
+    NVIDIA driver, so each job environment's CUDA is a failure naming it."""
+    from pwopsd.config import load_config
+    from pwopsd.preflight import JOB_ENVS, gpu_job_findings
+
+    cfg = load_config(REPO / "config" / "config.yaml")
+    prof = yaml.safe_load((filled_profile(tmp_path, account=slurm_cluster.account) / "profile.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    found = gpu_job_findings(prof, cfg, env=slurm_cluster.env(), timeout_s=300)
+    assert [f.check for f in found] == ["driver"] * len(JOB_ENVS), [f.message for f in found]
+    assert not any(f.ok for f in found) and all("no driver found" in f.message for f in found)
+    assert {f.message.split(" needs")[0] for f in found} == set(JOB_ENVS)
+    assert not list(tmp_path.glob(".pwopsd-preflight-node-*"))  # its files are gone
