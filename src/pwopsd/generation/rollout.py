@@ -176,8 +176,10 @@ def weights_fingerprint(tensors) -> int:
     views = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
     total = 0
     for t in tensors:
-        v = t.detach().contiguous().view(views[t.element_size()]).to(torch.int64).flatten()
-        total += int((v * _MIX1 + (v * v) * _MIX2).sum())  # int64 products and sums wrap: exact modulo 2^64
+        bits = t.detach().contiguous().view(views[t.element_size()]).flatten()
+        for chunk in bits.split(1 << 24):  # bounded temporaries on any device (an 8B model's tensors on its GPU)
+            v = chunk.to(torch.int64)
+            total += int((v * _MIX1 + (v * v) * _MIX2).sum())  # int64 products and sums wrap: exact modulo 2^64
     return total % (1 << 64)
 
 
@@ -250,9 +252,11 @@ class VLLMRollouts:
         if self.policy == "merged_bf16":
             from safetensors.torch import save_file
 
-            weights = merged_bf16_state_dict(peft_model)
+            weights = merged_bf16_state_dict(peft_model, device=None)  # where the model is: fingerprinted there
+            fingerprint = weights_fingerprint(weights.values()) if self.probe is not None else None
             with atomic_path(self.sync_dir / "policy" / "model.safetensors") as tmp:
-                save_file(weights, str(tmp), metadata={"format": "pt", "step": str(step)})
+                save_file({k: v.to("cpu").contiguous() for k, v in weights.items()}, str(tmp),
+                          metadata={"format": "pt", "step": str(step)})
             self.backend.reload_weights()
         else:
             path = self.sync_dir / f"step-{step:06d}"
@@ -262,10 +266,10 @@ class VLLMRollouts:
             if self._current is not None and self._current != path:
                 shutil.rmtree(self._current, ignore_errors=True)
             self._current = path
-            weights = {n: p for n, p in peft_model.named_parameters() if ".lora_" in n}
+            lora = [p for n, p in peft_model.named_parameters() if ".lora_" in n]
+            fingerprint = weights_fingerprint(lora) if self.probe is not None else None
         if self.probe is not None:
-            self.probe.check(step, weights_fingerprint(weights.values()), self.backend.probe(self.probe.ids),
-                             policy_logprobs(peft_model, self.probe.ids))
+            self.probe.check(step, fingerprint, self.backend.probe(self.probe.ids), policy_logprobs(peft_model, self.probe.ids))
         return time.perf_counter() - t0
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
