@@ -171,10 +171,17 @@ def _worker_main(conn, options: GradingOptions) -> None:  # runs in the child pr
     # it finishes its benchmark and closes the pool, a worker never dies with a task in hand.
     block_notice()
     try:
-        import math_verify  # noqa: F401  (warm up once per worker)
+        import math_verify  # noqa: F401
     except ImportError as exc:
         conn.send(("import-error", str(exc)))
         return
+    # Warm up before saying ready: a fresh worker's first grade builds math-verify's parsers, which
+    # on a loaded host took longer than a 1 s limit, and the pair after a timeout (the replacement
+    # worker's first) was then blamed for it.
+    try:
+        grade_pair("1", "1", options)
+    except BaseException:  # noqa: BLE001 - a worker that cannot grade says so on its first pair
+        pass
     conn.send(("ready", os.getpid()))
     while True:
         try:
