@@ -26,6 +26,14 @@ def fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def node_folder(text: str) -> Path:
+    """A configured folder with ``~`` and environment variables expanded on the node that runs this
+    (``$TMPDIR`` of a Slurm job); a variable the node does not set gives its temporary folder, never
+    a folder literally named ``$TMPDIR``."""
+    place = os.path.expandvars(os.path.expanduser(text))
+    return Path(tempfile.gettempdir() if "$" in place else place)
+
+
 def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
     """SHA-256 hex digest of a file, read in chunks."""
     h = hashlib.sha256()

@@ -344,12 +344,9 @@ def cluster_findings(profile: dict, cfg: dict, *, sync_dir: str | None = None, g
     found = profile_findings(profile) + slurm_findings(profile, cfg, env=env)
     configs, missing = hub_model_configs(cfg)
     found += missing + engine_findings(cfg, configs)
-    sync = sync_dir or os.path.expandvars(cfg["training"].get("rollout_sync_dir") or "results/training")
-    if "$" in sync:  # a variable the login node does not set ($TMPDIR of a job): its own temporary folder
-        import tempfile
+    from pwopsd.io import node_folder
 
-        sync = tempfile.gettempdir()
-    found += sync_folder_findings(Path(sync), cfg)
+    found += sync_folder_findings(node_folder(sync_dir or cfg["training"].get("rollout_sync_dir") or "results/training"), cfg)
     if gpu_job:
         found += gpu_job_findings(profile, cfg, env=env)
     return found

@@ -302,12 +302,9 @@ def sync_base(work_dir: str | Path, folder: str | None = None) -> Path:
     (``training.rollout_sync_dir``, environment variables expanded: ``$TMPDIR`` is the node's own
     disk on most Slurm sites), in a folder of the run's key, else beside its checkpoints."""
     if folder:
-        place = os.path.expandvars(os.path.expanduser(folder))
-        if "$" in place:  # a variable this node does not set ($TMPDIR outside Slurm): its temporary folder
-            import tempfile
+        from pwopsd.io import node_folder
 
-            place = tempfile.gettempdir()
-        return Path(place) / "pwopsd-rollout-sync" / Path(work_dir).name
+        return node_folder(folder) / "pwopsd-rollout-sync" / Path(work_dir).name
     return Path(work_dir) / "rollout-sync"
 
 
