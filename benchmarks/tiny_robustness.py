@@ -34,23 +34,57 @@ BROKEN = {"opsd_no_solution": {"loss": "opsd", "teacher_prompt": "no_solution", 
 LEARNING_METHODS = ("opsd", "pwopsd_moderate")
 
 
-def runs_of(cfg: dict) -> tuple[list[str], list[str]]:
+def runs_of(cfg: dict, only: set[str] | None = None) -> tuple[list[str], list[str]]:
     from pwopsd.config.design import method_runs
 
-    return [r for m in LEARNING_METHODS for r in method_runs(cfg, m)], list(BROKEN)
+    keep = lambda runs: [r for r in runs if not only or r in only]  # noqa: E731
+    return keep(r for m in LEARNING_METHODS for r in method_runs(cfg, m)), keep(BROKEN)
 
 
-def run_build(seed: int, work: Path, snakemake: str) -> tuple[Path, float]:
-    """The Table 2 part of the tiny workflow on the build of ``seed`` (its metrics files)."""
+def overrides(pairs: list[str]) -> dict:
+    """``training.lr=3e-3`` ... as one nested mapping (each value read as YAML)."""
+    out: dict = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set {pair!r}: expected KEY.PATH=VALUE")
+        *parents, leaf = key.split(".")
+        node = out
+        for k in parents:
+            node = node.setdefault(k, {})
+        node[leaf] = yaml.safe_load(value)
+        if isinstance(node[leaf], str):  # YAML 1.1 reads 3e-3 (no dot) as a string
+            try:
+                node[leaf] = float(value)
+            except ValueError:
+                pass
+    return out
+
+
+def merged(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = merged(out.get(k, {}), v) if isinstance(v, dict) else v
+    return out
+
+
+def run_build(seed: int, work: Path, snakemake: str, extra: dict, only: set[str] | None,
+              reuse: Path | None) -> tuple[Path, float]:
+    """The Table 2 part of the tiny workflow on the build of ``seed`` (its metrics files). With
+    ``reuse``, a new work folder starts as a copy of ``reuse/seed-N`` (its build, base model
+    evaluations and Snakemake's records): Snakemake then makes again only what the changed
+    settings reach, e.g. the trainings and their evaluations for a ``training.*`` change."""
     from pwopsd.config import load_config
 
+    if reuse is not None and not work.exists() and (reuse / work.name).is_dir():
+        shutil.copytree(reuse / work.name, work, symlinks=True)
     work.mkdir(parents=True, exist_ok=True)
     if not (work / "config").exists():
         shutil.copytree(REPO / "tiny" / "config", work / "config")
-    (work / "config" / "robustness.yaml").write_text(yaml.safe_dump({"tiny": {"seed": seed}, "methods": BROKEN}))
-    cfg = load_config(work / "config" / "config.yaml")
-    cfg["methods"].update(BROKEN)
-    learning, broken = runs_of(cfg)
+    settings = merged({"tiny": {"seed": seed}, "methods": BROKEN}, extra)
+    (work / "config" / "robustness.yaml").write_text(yaml.safe_dump(settings))
+    cfg = merged(load_config(work / "config" / "config.yaml"), settings)
+    learning, broken = runs_of(cfg, only)
     targets = [f"results/metrics/{MODEL}/{c}/{b}/seed-{s}.json" for c in ["base", *learning, *broken]
                for b in cfg["benchmarks"] for s in ("main", "1", "2")]
     t0 = time.time()
@@ -62,13 +96,13 @@ def run_build(seed: int, work: Path, snakemake: str) -> tuple[Path, float]:
     return work, time.time() - t0
 
 
-def gains(work: Path) -> tuple[dict, dict, dict]:
+def gains(work: Path, only: set[str] | None = None) -> tuple[dict, dict, dict]:
     from pwopsd.config import load_config
     from pwopsd.report.significance import gains_over_base
 
-    cfg = load_config(work / "config" / "config.yaml")
-    cfg["methods"].update(BROKEN)
-    learning, broken = runs_of(cfg)
+    cfg = merged(load_config(work / "config" / "config.yaml"),
+                 yaml.safe_load((work / "config" / "robustness.yaml").read_text()))
+    learning, broken = runs_of(cfg, only)
     summaries = [json.loads(f.read_text()) for c in ["base", *learning, *broken]
                  for f in sorted((work / "results/metrics" / MODEL / c).glob("*/seed-*.json"))]
     benchmarks = sorted({s["benchmark"] for s in summaries})
@@ -98,16 +132,25 @@ def main(argv=None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/pwopsd-robustness"))
     parser.add_argument("--snakemake", default=str(Path(sys.executable).with_name("snakemake")))
     parser.add_argument("--out", type=Path, help="also write the table (markdown) here")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                        help="a candidate recipe: a tiny config setting to change, e.g. training.lr=3e-3 (repeatable)")
+    parser.add_argument("--reuse", type=Path, metavar="WORK",
+                        help="start each new build folder as a copy of WORK/seed-N (its build is made again "
+                             "only if the changed settings reach it)")
+    parser.add_argument("--runs", nargs="+", metavar="RUN",
+                        help="only these runs (e.g. opsd opsd_no_solution): a quicker look at a candidate")
     args = parser.parse_args(argv)
+    extra, only = overrides(args.settings), set(args.runs or ())
     rows = []
     for seed in args.seeds:
-        work, seconds = run_build(seed, args.work / f"seed-{seed}", args.snakemake)
-        rows.append((seed, *gains(work), seconds))
+        work, seconds = run_build(seed, args.work / f"seed-{seed}", args.snakemake, extra, only, args.reuse)
+        rows.append((seed, *gains(work, only), seconds))
         print(f"build seed {seed}: {seconds:.0f} s", flush=True)
     p, build = numeric_platform(), rows[0][3]  # the host; the path and products the builds ran with
     lines = [f"Avg@12 gain over the base model, mean of the four benchmarks, paired 95% interval; "
              f"{p['vendor']} {p['model_name']}, kernel path {build.get('pinned_kernel_path')}, cpu_matmul "
-             f"{build.get('cpu_matmul', 'as the config sets it')}:", "",
+             f"{build.get('cpu_matmul', 'as the config sets it')}"
+             + (f"; changed settings: {', '.join(args.settings)}" if args.settings else "") + ":", "",
              *table(rows), "", f"wall time per build (2 cores): {', '.join(f'{r[4]:.0f} s' for r in rows)}"]
     print("\n".join(lines))
     if args.out:
