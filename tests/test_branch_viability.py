@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from pwopsd.diagnostic import phases as bv
+from pwopsd.diagnostic import scores
 from pwopsd.diagnostic import statistics as stats
 from pwopsd.config import diagnostic_settings, load_config
 from pwopsd.diagnostic.branch_points import truncated_entropy
@@ -222,10 +223,10 @@ def summary_for(labels, correct=(True,) * 4, kappa=None, orientation="raw"):
                                                               kappa=kappa if kappa is not None else np.arange(n) - 2.0, mc_samples=5)
     lab = cands[["dataset", "problem_id", "candidate"]].assign(viabilities=[[0.0]] * n, mean_viability=0.0, n_continuations=6,
                                                                label=labels)
-    scored = bv.scored_candidates(spines, cands, mc, lab)
+    scored = scores.scored_candidates(spines, cands, mc, lab)
     settings = {"scores": {"correct_spines_only": True, "n_boot": 200, "seed": 0, "level": 0.95, "orientation": orientation},
                 "labels": {"v_high": 0.75, "v_low": 0.4}, "teacher_pass": {"top_m": 16}}
-    return scored, bv.branch_auroc_summary(scored, spines, settings)
+    return scored, scores.branch_auroc_summary(scored, spines, settings)
 
 
 def test_summary_matches_the_statistics_functions():

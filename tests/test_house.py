@@ -61,3 +61,12 @@ def test_the_package_has_no_import_circles():
     graph = import_graph()
     assert {"pwopsd.io", "pwopsd.keys", "pwopsd.runtime"} <= set(graph)
     assert circles(graph) == []
+
+
+ROOM_LIMIT = 500  # lines: a module longer than this holds more than one idea (issue 54)
+
+
+def test_no_room_is_over_500_lines():
+    long = {str(p.relative_to(keys.PACKAGE_ROOT.parent)): n for p in keys.PACKAGE_ROOT.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > ROOM_LIMIT}
+    assert long == {}, f"split these modules along the ideas they hold: {long}"

@@ -222,7 +222,7 @@ def test_table4_cross_model_matches_the_paper_line_by_line():
 
 
 def test_table1_branch_auroc_matches_the_paper_line_by_line():
-    from pwopsd.diagnostic.phases import SCORES
+    from pwopsd.diagnostic.scores import SCORES
     from pwopsd.report.tables import branch_auroc_table
 
     source = paper_source()

@@ -1,7 +1,7 @@
 """Rule branch_auroc_figure: Figure 1 (failure rate by position vs entropy; reliability curve with
 the PW-OPSD schedule) and the scatter/histogram figure, each with its plotted data as CSV."""
 
-from pwopsd.diagnostic.phases import diagnostic_pool
+from pwopsd.diagnostic.scores import diagnostic_pool
 from pwopsd.io import read_json, read_parquet
 from pwopsd.report.figures import branch_auroc_figure, branch_scatter_figure
 from pwopsd.runtime import setup_logging, write_job_provenance

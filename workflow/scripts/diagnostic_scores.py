@@ -1,6 +1,6 @@
 """Rule branch_scores (diagnostic Phase G): residualized AUROC / AUPRC with cluster-bootstrap CIs."""
 
-from pwopsd.diagnostic.phases import branch_auroc_summary, scored_candidates
+from pwopsd.diagnostic.scores import branch_auroc_summary, scored_candidates
 from pwopsd.io import read_parquet, write_json, write_parquet
 from pwopsd.runtime import provenance, setup_logging
 from pwopsd.standalone import standalone_snakemake

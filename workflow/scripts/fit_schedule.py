@@ -1,6 +1,6 @@
 """Rule fit_schedule (beyond the paper): the PW-OPSD schedule fitted to a model's diagnostic."""
 
-from pwopsd.diagnostic.phases import fitted_schedule
+from pwopsd.diagnostic.scores import fitted_schedule
 from pwopsd.io import read_parquet, write_json
 from pwopsd.runtime import provenance, setup_logging
 from pwopsd.standalone import standalone_snakemake

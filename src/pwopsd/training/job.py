@@ -185,7 +185,9 @@ def run(args: dict) -> None:
 
     from pwopsd.generation.rollout import make_rollouts
     from pwopsd.models import default_device, load_model, load_tokenizer, read_manifest
-    from pwopsd.training.loop import Example, TrainConfig, Trainer, dist_info, set_determinism
+    from pwopsd.training.inputs import Example, TrainConfig
+    from pwopsd.training.loop import Trainer
+    from pwopsd.training.process import dist_info, set_determinism
 
     check_world_size(int(args.get("processes", 1)))
     set_determinism(bool(args["train"].get("deterministic", False)))  # before CUDA starts (CUBLAS_WORKSPACE_CONFIG)

@@ -28,13 +28,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import random
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -45,127 +42,20 @@ from pwopsd.generation import GenerationRequest
 from pwopsd.generation.rollout import HFRollouts
 from pwopsd.io import atomic_path
 from pwopsd.notice import Interrupted, Notice, agreed
+from pwopsd.training.inputs import (  # noqa: F401  (Example, TrainConfig: the loop's names, as before the split)
+    Example,
+    PromptIds,
+    TrainConfig,
+    assemble,
+    data_order,
+    rollout_seed,
+    teacher_message_for,
+)
+from pwopsd.training.process import dist_info, rank_rng_state, set_determinism, set_rank_rng_state  # noqa: F401
 
 log = logging.getLogger(__name__)
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-@dataclass
-class TrainConfig:
-    """The settings of one training run, built from the validated config by
-    :func:`pwopsd.config.training_config` (rule ``train``). No field has a default here: the
-    config schema is the one place defaults live (``config.schema_defaults("training")``)."""
-
-    method: str  # loss: opsd | pwopsd | eopd | reopold
-    loss: dict[str, Any]  # the loss's parameters (methods.<name>.params, schema defaults filled)
-    temperature: float  # distillation temperature (= rollout temperature, as in the reference)
-    clip: float
-    opsd_upcast: bool  # the reference OPSD computes its loss in the model dtype (bf16 on GPU)
-    lora_r: int
-    lora_alpha: int
-    lora_dropout: float  # paper says 0.05; the reference's GOLDConfig zeroes it (effective 0)
-    lora_targets: list[str]
-    lr: float
-    max_steps: int  # the schedule's length: the learning rate decays linearly to 0 over it
-    stop_at: int  # training stops after this step (<= max_steps; not part of the run key)
-    save_every: int
-    grad_clip: float
-    per_device_batch_size: int
-    gradient_accumulation_steps: int
-    seed: int
-    rollout_top_p: float
-    rollout_top_k: int
-    max_completion_length: int
-    chunk_size: int
-    rollout_batch_size: int
-    position_ids: str  # reference (prompt-PAD gap kept) | contiguous
-    gradient_checkpointing: bool  # the reference launchers' setting; memory only, values unchanged
-    rollout_backend: str  # hf (the live model) | vllm (a colocated engine synced every step)
-    rollout_engine: dict  # the vLLM rollout engine's settings ({} for hf)
-    rollout_policy: str  # adapter (base + current LoRA, exactly on-policy) | merged_bf16 (the reference's)
-    deterministic: bool  # deterministic GPU kernels (set_determinism); part of the run key: it changes GPU numerics
-    # privileged (the paper) | no_solution | student: ablations (teacher_message_for). The one field
-    # with a default: the config emits it only for an ablation, so the paper's runs keep their
-    # params and run keys (adding it reran and restarted nothing).
-    teacher_prompt: str = "privileged"
-
-    @property
-    def last_step(self) -> int:
-        """The step training stops after."""
-        return min(self.stop_at, self.max_steps)
-
-    @property
-    def rank_batch(self) -> int:
-        """Problems per optimizer step on one process."""
-        return self.per_device_batch_size * self.gradient_accumulation_steps
-
-
-TEACHER_PROMPTS = ("privileged", "no_solution", "student")
-
-
-def teacher_message_for(example, teacher_prompt: str) -> str:
-    """The teacher's user message of a training example (``methods.<m>.teacher_prompt``):
-    ``privileged``, the paper's, quotes the reference solution; ``no_solution`` is the same template
-    with the solution left empty (the teacher knows nothing the student does not); ``student``
-    (handled by the trainer) is the student's own prompt, so teacher = student. The last two are
-    ablations: without the privileged solution, self-distillation has nothing to teach."""
-    if teacher_prompt == "privileged":
-        return prompts.teacher_message(example.problem, example.solution)
-    if teacher_prompt == "no_solution":
-        return prompts.teacher_message(example.problem, "")
-    raise ValueError(f"teacher_prompt must be one of {', '.join(TEACHER_PROMPTS)}; got {teacher_prompt!r}")
-
-
-def dist_info() -> tuple[int, int]:
-    """(rank, world size) of the torch.distributed group, (0, 1) without one."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-@dataclass
-class Example:
-    problem: str
-    solution: str
-    answer: str
-
-
-def data_order(n: int, seed: int, epochs: int) -> np.ndarray:
-    """Indices of the training problems in order: a fresh seeded permutation per epoch."""
-    rng = np.random.default_rng(seed)
-    return np.concatenate([rng.permutation(n) for _ in range(epochs)])
-
-
-def rollout_seed(seed: int, step: int, index: int) -> int:
-    return int(np.random.SeedSequence([seed, step, index]).generate_state(1)[0])
-
-
-def assemble(prompt_ids: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int, *,
-             position_mode: str = "reference") -> dict[str, torch.Tensor]:
-    """Sequences ``[prompt | PAD to P | completion | PAD to Tc]`` with the reference's masks.
-
-    Returns ``input_ids``, ``attention_mask`` (id != pad), ``position_ids``, ``prompt_width`` P,
-    ``completion`` ids ``[B, Tc]`` and the loss ``mask`` ``[B, Tc]`` (completion id != pad).
-    """
-    P = max(len(p) for p in prompt_ids)
-    Tc = max(1, max(len(c) for c in completions))
-    rows = []
-    for p, c in zip(prompt_ids, completions):
-        rows.append(list(p) + [pad_id] * (P - len(p)) + list(c) + [pad_id] * (Tc - len(c)))
-    ids = torch.tensor(rows, dtype=torch.long)
-    attn = (ids != pad_id).long()
-    if position_mode == "reference":
-        pos = torch.arange(ids.shape[1]).expand_as(ids).clone()
-    elif position_mode == "contiguous":
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    else:
-        raise ValueError(f"position_ids must be 'reference' or 'contiguous', got {position_mode!r}")
-    completion = ids[:, P:]
-    return {"input_ids": ids, "attention_mask": attn, "position_ids": pos, "prompt_width": torch.tensor(P),
-            "completion": completion, "mask": (completion != pad_id).float()}
 
 
 def completion_hidden(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -198,22 +88,6 @@ def token_stats(h_s, h_t, weight, mask, temperature: float, chunk_size: int) -> 
     return {"kl": kl / n, "student_entropy": hs_ent / n, "teacher_entropy": ht_ent / n}
 
 
-class PromptIds(Sequence):
-    """The token ids of every example's rendered prompt, rendered when first asked for: a run sees
-    ``effective_batch x max_steps`` examples, often a fraction of the corpus."""
-
-    def __init__(self, render, examples: Sequence[Example]):
-        self._render, self._examples, self._ids = render, examples, {}
-
-    def __len__(self) -> int:
-        return len(self._examples)
-
-    def __getitem__(self, i: int) -> list[int]:
-        if i not in self._ids:
-            self._ids[i] = self._render(self._examples[i])
-        return self._ids[i]
-
-
 def canonical_adapter_config(path: Path) -> None:
     """Rewrite PEFT's ``adapter_config.json`` with its module lists sorted. PEFT writes
     ``target_modules`` from a set, in the order of the process's string hashes, so the same run
@@ -224,67 +98,6 @@ def canonical_adapter_config(path: Path) -> None:
         if isinstance(cfg.get(key), list):
             cfg[key] = sorted(cfg[key])
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
-
-
-# cuBLAS's deterministic workspace setting (NVIDIA's cuBLAS docs, "Results reproducibility"):
-# ":4096:8" costs about 24 MiB of GPU memory per process, ":16:8" may limit performance. Either is
-# deterministic; one already set in the environment is kept.
-CUBLAS_WORKSPACE_CONFIG = ":4096:8"
-_CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
-
-
-def set_determinism(deterministic: bool) -> None:
-    """``training.deterministic``: with ``True``, PyTorch's deterministic algorithms (an operation
-    that has none raises), cuBLAS's deterministic workspace (``CUBLAS_WORKSPACE_CONFIG``) and no cuDNN
-    benchmarking. With ``False`` nothing is changed (PyTorch's defaults: fastest kernels, some of them
-    nondeterministic on GPU; on CPU the training path is deterministic either way).
-
-    cuBLAS reads its workspace setting when it creates a handle (a process's first GPU matrix
-    product), so this must run before any CUDA work: in the train job first thing in
-    :func:`pwopsd.training.job.run`, before the process group (NCCL), the model and a rollout engine
-    touch the GPU. The Trainer calls it too (the model is on its device by then: in time for the
-    switches, late for the environment variable, a warning says so when CUDA is initialised
-    without it)."""
-    if not deterministic:
-        return
-    if os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in _CUBLAS_DETERMINISTIC:
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            log.warning("training.deterministic: CUDA was initialised before CUBLAS_WORKSPACE_CONFIG was set; "
-                        "matrix products of cuBLAS handles made before may not be deterministic "
-                        "(call pwopsd.training.loop.set_determinism before any CUDA work)")
-        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE_CONFIG
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cudnn.deterministic = True  # implied by the above for convolutions; stated for clarity
-
-
-def rank_rng_state(device: torch.device | None = None) -> dict:
-    """This process's RNG states: CPU torch, numpy, Python, and with a CUDA ``device`` (the model's)
-    that device's CUDA generator, the one its LoRA dropout draws from. Only the model's device: the
-    other devices of the node are other ranks' (restoring all of them from every process would
-    open a CUDA context on each device from each rank)."""
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if device is not None and device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rank_rng_state(state: dict, device: torch.device | None = None) -> None:
-    """Restore :func:`rank_rng_state`; its CUDA generator state goes to ``device`` (the model's), the
-    generator this rank's dropout draws from on resume."""
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    on_cuda = device is not None and device.type == "cuda"
-    if "cuda" in state and on_cuda:
-        torch.cuda.set_rng_state(state["cuda"], device)
-    elif "cuda" in state:
-        log.warning("the checkpoint holds a CUDA RNG state but this run trains on %s: it is not restored "
-                    "(dropout draws from the CPU generator here)", device or "cpu")
-    elif on_cuda:
-        log.warning("the checkpoint holds no CUDA RNG state (written on CPU or by an older version): the CUDA "
-                    "generator keeps its seed, so LoRA dropout masks after this resume differ from an "
-                    "uninterrupted run's")
 
 
 class RolloutEngineError(RuntimeError):
