@@ -475,7 +475,18 @@ def _requeue_now(jobid, env):
     while time.time() < deadline and not subprocess.run(
             ["squeue", "-h", "-j", jobid, "-o", "%T"], env=env, capture_output=True, text=True).stdout.startswith("PENDING"):
         time.sleep(0.2)
+    # The first run's processes may outlive its PENDING state (its step gets KillWait to end): the
+    # next run starts once they are gone, as on a cluster, where a requeued job waits ~2 minutes.
+    # (Released beside them, the next run once failed at once with exit 1 on a loaded host.)
+    while time.time() < deadline and _job_pids(jobid, env):
+        time.sleep(0.2)
     subprocess.run(["scontrol", "update", f"JobId={jobid}", "StartTime=now"], env=env, check=True, capture_output=True)
+
+
+def _job_pids(jobid, env) -> list[str]:
+    """The processes of Slurm job ``jobid`` on this (the only) node (`scontrol listpids`)."""
+    out = subprocess.run(["scontrol", "listpids", jobid], env=env, capture_output=True, text=True)
+    return [line.split()[0] for line in out.stdout.splitlines() if line.split() and line.split()[0].isdigit()]
 
 
 @background.part("Slurm training interrupted", after=("Slurm diagnostic",))
