@@ -41,31 +41,23 @@ def runs_of(cfg: dict, only: set[str] | None = None) -> tuple[list[str], list[st
     return keep(r for m in LEARNING_METHODS for r in method_runs(cfg, m)), keep(BROKEN)
 
 
-def overrides(pairs: list[str]) -> dict:
-    """``training.lr=3e-3`` ... as one nested mapping (each value read as YAML)."""
-    out: dict = {}
+def overrides(pairs: list[str], config: dict) -> dict:
+    """``training.lr=3e-3`` ... as one nested mapping, each value typed by the config schema at its
+    key as ``snakemake --config`` values are (:func:`pwopsd.config.overrides.typed_overrides`)."""
+    from pwopsd.config.files import merge_configs
+    from pwopsd.config.overrides import typed_overrides
+
+    raw: dict = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise SystemExit(f"--set {pair!r}: expected KEY.PATH=VALUE")
         *parents, leaf = key.split(".")
-        node = out
+        node = raw
         for k in parents:
             node = node.setdefault(k, {})
-        node[leaf] = yaml.safe_load(value)
-        if isinstance(node[leaf], str):  # YAML 1.1 reads 3e-3 (no dot) as a string
-            try:
-                node[leaf] = float(value)
-            except ValueError:
-                pass
-    return out
-
-
-def merged(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = merged(out.get(k, {}), v) if isinstance(v, dict) else v
-    return out
+        node[leaf] = value
+    return typed_overrides(merge_configs(config, raw), raw)
 
 
 def run_build(seed: int, work: Path, snakemake: str, extra: dict, only: set[str] | None,
@@ -74,16 +66,17 @@ def run_build(seed: int, work: Path, snakemake: str, extra: dict, only: set[str]
     ``reuse``, a new work folder starts as a copy of ``reuse/seed-N`` (its build, base model
     evaluations and Snakemake's records): Snakemake then makes again only what the changed
     settings reach, e.g. the trainings and their evaluations for a ``training.*`` change."""
-    from pwopsd.config import load_config
+    from pwopsd.config import load_config_files
+    from pwopsd.config.files import merge_configs
 
     if reuse is not None and not work.exists() and (reuse / work.name).is_dir():
         shutil.copytree(reuse / work.name, work, symlinks=True)
     work.mkdir(parents=True, exist_ok=True)
     if not (work / "config").exists():
         shutil.copytree(REPO / "tiny" / "config", work / "config")
-    settings = merged({"tiny": {"seed": seed}, "methods": BROKEN}, extra)
+    settings = merge_configs({"tiny": {"seed": seed}, "methods": BROKEN}, extra)
     (work / "config" / "robustness.yaml").write_text(yaml.safe_dump(settings))
-    cfg = merged(load_config(work / "config" / "config.yaml"), settings)
+    cfg = load_config_files([work / "config" / "config.yaml", work / "config" / "robustness.yaml"])  # as Snakemake merges them
     learning, broken = runs_of(cfg, only)
     targets = [f"results/metrics/{MODEL}/{c}/{b}/seed-{s}.json" for c in ["base", *learning, *broken]
                for b in cfg["benchmarks"] for s in ("main", "1", "2")]
@@ -97,11 +90,10 @@ def run_build(seed: int, work: Path, snakemake: str, extra: dict, only: set[str]
 
 
 def gains(work: Path, only: set[str] | None = None) -> tuple[dict, dict, dict]:
-    from pwopsd.config import load_config
+    from pwopsd.config import load_config_files
     from pwopsd.report.significance import gains_over_base
 
-    cfg = merged(load_config(work / "config" / "config.yaml"),
-                 yaml.safe_load((work / "config" / "robustness.yaml").read_text()))
+    cfg = load_config_files([work / "config" / "config.yaml", work / "config" / "robustness.yaml"])
     learning, broken = runs_of(cfg, only)
     summaries = [json.loads(f.read_text()) for c in ["base", *learning, *broken]
                  for f in sorted((work / "results/metrics" / MODEL / c).glob("*/seed-*.json"))]
@@ -140,7 +132,9 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", nargs="+", metavar="RUN",
                         help="only these runs (e.g. opsd opsd_no_solution): a quicker look at a candidate")
     args = parser.parse_args(argv)
-    extra, only = overrides(args.settings), set(args.runs or ())
+    from pwopsd.config import load_config
+
+    extra, only = overrides(args.settings, load_config(REPO / "tiny" / "config" / "config.yaml")), set(args.runs or ())
     rows = []
     for seed in args.seeds:
         work, seconds = run_build(seed, args.work / f"seed-{seed}", args.snakemake, extra, only, args.reuse)

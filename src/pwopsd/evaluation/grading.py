@@ -180,7 +180,7 @@ def _worker_main(conn, options: GradingOptions) -> None:  # runs in the child pr
     # worker's first) was then blamed for it.
     try:
         grade_pair("1", "1", options)
-    except BaseException:  # noqa: BLE001 - a worker that cannot grade says so on its first pair
+    except Exception:  # noqa: BLE001 - a worker that cannot grade says so on its first pair
         pass
     conn.send(("ready", os.getpid()))
     while True:
