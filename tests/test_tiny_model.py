@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from pwopsd import prompts
-from pwopsd.tiny.arithmetic import ArithmeticProblem, sample_problem
+from pwopsd.tiny.arithmetic import ArithmeticProblem, sample_problem, sample_problems
 from pwopsd.tiny.model import (Slips, TinyBuildConfig, collate, format_example, sample_pretraining_example, slipped_steps,
                                tiny_tokenizer)
 from pwopsd.tiny.tokenizer import THINK
@@ -25,6 +25,47 @@ def test_a_slip_carries_on_and_its_span_is_the_wrong_result():
     lines, value, span = slipped_steps(P, Slips((0, -3)))
     assert lines == ["7 - 3 = 4", "4 + 12 = 13"] and value == 13 and span is None
     assert slipped_steps(P, Slips((0, 0))) == (P.steps(), P.answer, None)
+
+
+def chain(p: ArithmeticProblem, lines: list[str] | None = None) -> list[int]:
+    """The values of a problem's chain: its first operand and each step's result (of ``lines``,
+    the worked steps as written, by default the right ones)."""
+    return [p.operands[0]] + [int(line.rsplit("= ", 1)[1]) for line in (lines or p.steps())]
+
+
+def test_bounded_chains_stay_in_their_table_of_facts():
+    problems = sample_problems(3, 600, [1, 2, 3, 4], max_operand=9, max_value=9)
+    assert all(0 <= v <= 9 for p in problems for v in chain(p))
+    assert all(1 <= x <= 9 for p in problems for x in p.operands)
+    ops = [op for p in problems for op in p.ops]
+    assert 0.4 < ops.count("+") / len(ops) < 0.6  # both operations, about equally often
+    assert {p.level for p in problems} == {1, 2, 3, 4}
+    # without a bound the stream is the one it always was (benchmarks and corpora keep their problems)
+    rng = np.random.default_rng(3)
+    assert sample_problems(3, 50, [1, 2, 3], 9) == [sample_problem(rng, [1, 2, 3][i % 3], 9) for i in range(50)]
+
+
+def test_a_slip_that_would_leave_the_bound_goes_the_other_way():
+    p = ArithmeticProblem((6, 2, 3), ("+", "-"))  # 6 + 2 = 8, 8 - 3 = 5
+    assert slipped_steps(p, Slips((3, 0), bound=9))[0] == ["6 + 2 = 5", "5 - 3 = 2"]  # 11 is out: 8 - 3
+    assert slipped_steps(p, Slips((3, 0)))[0] == ["6 + 2 = 11", "11 - 3 = 8"]
+    assert slipped_steps(p, Slips((1, -3), bound=9))[0] == ["6 + 2 = 9", "9 - 3 = 3"]
+
+
+def test_bounded_pretraining_data_computes_inside_the_bound():
+    cfg = TinyBuildConfig(max_value=9, slip_rate=0.3, teacher_detour_fraction=0.4)
+    rng = np.random.default_rng(2)
+    draws = [sample_pretraining_example(rng, cfg) for _ in range(3000)]
+    easy = [(p, s) for p, f, s in draws if max(p.operands) <= cfg.max_operand]
+    assert all(0 <= v <= 9 for p, _ in easy for v in chain(p))
+    for p, s in easy:  # a slip of a result inside the bound stays inside it (what follows computes on)
+        for k, line in enumerate(slipped_steps(p, s)[0] if s and not s.shortcut else []):
+            left, op, x, _, written = line.split()
+            true = int(left) + int(x) if op == "+" else int(left) - int(x)
+            assert s.offsets[k] == 0 or not 0 <= true <= 9 or 0 <= int(written) <= 9
+    slipped = [s for p, f, s in draws if f != "teacher" and s is not None]
+    steps = sum(p.level for p, f, _ in draws if f != "teacher")
+    assert abs(sum(o != 0 for s in slipped for o in s.offsets) / steps - 0.3) < 0.03  # the slip rate per step
 
 
 def test_formats_with_slips_detours_and_shortcuts(tok):

@@ -265,7 +265,7 @@ def _broken_trainings():
         copy_tiny_inputs(tiny_workdir(), work)
         (work / "config" / "broken.yaml").write_text(yaml.safe_dump({"methods": BROKEN_METHODS}))
         targets = [f"results/metrics/tiny_qwen3/{m}/{b}/seed-{s}.json" for m in BROKEN_METHODS
-                   for b in ("arith_l1", "arith_l2", "arith_l3", "arith_l3_wide") for s in ("main", "1", "2")]
+                   for b in ("arith_l1", "arith_l2", "arith_l3", "arith_l4") for s in ("main", "1", "2")]
         proc = run_snakemake(["--cores", "1", "--directory", str(work), *targets, "--configfile", str(work / "config" / "broken.yaml")],
                              check=False)
         return work, proc
@@ -315,7 +315,7 @@ def test_tiny_results_equal_the_committed_digest(tiny_run):
 @pytest.mark.workflow
 def test_tiny_run_generations_for_every_benchmark_and_seed(tiny_run):
     workdir, _ = tiny_run
-    for bench, rows in {"arith_l1": 24, "arith_l2": 12, "arith_l3": 12, "arith_l3_wide": 12}.items():
+    for bench, rows in {"arith_l1": 24, "arith_l2": 12, "arith_l3": 12, "arith_l4": 12}.items():
         for seed in ("main", "1", "2"):
             path = workdir / f"results/generations/tiny_qwen3/base/{bench}/seed-{seed}.parquet"
             df = pd.read_parquet(path)
@@ -346,7 +346,7 @@ def test_tiny_run_grades_and_aggregates_over_seeds(tiny_run):
     assert (graded["correct"] == exact).all()
     assert metrics["metrics_pct"]["avg"] == pytest.approx(100 * exact.mean())
     summary = pd.read_csv(workdir / "results/metrics/summary.csv")
-    assert set(summary["benchmark"]) == {"arith_l1", "arith_l2", "arith_l3", "arith_l3_wide", "mean"}
+    assert set(summary["benchmark"]) == {"arith_l1", "arith_l2", "arith_l3", "arith_l4", "mean"}
     assert set(summary["checkpoint"]) == {"base", *TINY_METHODS}
     row = summary[(summary.checkpoint == "base") & (summary.benchmark == "mean") & (summary.metric == "avg")].iloc[0]
     per_seed = pd.read_csv(workdir / "results/metrics/per_seed.csv")
@@ -385,7 +385,7 @@ def test_tiny_run_writes_tables_and_figures(tiny_run):
     sched = (workdir / "results/tables/schedules_4b.tex").read_text()
     assert sched.count("\\multirow{4}{*}") == 5 and sched.count("\\cmidrule") == 4 and "\\multirow{4}{*}{Fitted}" in sched
     cross = (workdir / "results/tables/cross_model.tex").read_text()
-    assert "Tiny-Qwen3" in cross and "Arith-3w & Avg@12" in cross
+    assert "Tiny-Qwen3" in cross and "Arith-4 & Avg@12" in cross
     ablation = (workdir / "results/tables/ablation_4b.tex").read_text()
     assert "Pos-w / global" in ablation
     # bold = the column maximum, ties included (the toy's Avg@12 takes few values, a mean of 12
@@ -413,7 +413,7 @@ def test_tiny_run_tests_each_method_against_opsd(tiny_run):
     workdir, _ = tiny_run
     sig = pd.read_csv(workdir / "results/tables/significance_main_4b.csv")
     assert set(sig["method"]) == {"eopd", "reopold", "pwopsd_moderate", "pwopsd_aggressive"} and set(sig["baseline"]) == {"opsd"}
-    assert set(sig["benchmark"]) == {"arith_l1", "arith_l2", "arith_l3", "arith_l3_wide", "mean"}
+    assert set(sig["benchmark"]) == {"arith_l1", "arith_l2", "arith_l3", "arith_l4", "mean"}
     assert set(sig["metric"]) == {"avg", "maj", "pass"} and len(sig) == 4 * 5 * 3
     assert (sig["low"] <= sig["delta"] + 1e-9).all() and (sig["delta"] <= sig["high"] + 1e-9).all()
     assert ((sig["p"] >= 0) & (sig["p"] <= sig["p_holm"]) & (sig["p_holm"] <= 1)).all()

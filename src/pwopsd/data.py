@@ -99,7 +99,8 @@ def load_hf(source: dict, key: str, hub: dict) -> tuple[pd.DataFrame, dict]:
 def load_tiny(source: dict) -> tuple[pd.DataFrame, dict]:
     from pwopsd.tiny.arithmetic import problems_frame, sample_problems
 
-    problems = sample_problems(source["seed"], source["n"], list(source["levels"]), source.get("max_operand", 30))
+    problems = sample_problems(source["seed"], source["n"], list(source["levels"]), source.get("max_operand", 30),
+                                source.get("max_value"))
     prefix = "arith-" + "".join(str(lv) for lv in source["levels"]) + f"-s{source['seed']}"
     frame = problems_frame(problems, prefix, source.get("solution", "worked"), example=bool(source.get("example")))
     return frame, {"kind": "tiny", **{k: source[k] for k in sorted(source) if k != "kind"}}

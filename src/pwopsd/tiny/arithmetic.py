@@ -65,16 +65,31 @@ class ArithmeticProblem:
         raise ValueError(f"reference solution style must be 'worked' or 'answer', got {style!r}")
 
 
-def sample_problem(rng: np.random.Generator, level: int, max_operand: int) -> ArithmeticProblem:
-    operands = tuple(int(x) for x in rng.integers(1, max_operand + 1, size=level + 1))
-    ops = tuple("+" if b else "-" for b in rng.integers(0, 2, size=level))
-    return ArithmeticProblem(operands, ops)
+def sample_problem(rng: np.random.Generator, level: int, max_operand: int, max_value: int | None = None) -> ArithmeticProblem:
+    """One level-``level`` problem with operands in ``1..max_operand``. With ``max_value``, every
+    value of the chain (the first operand and each step's result) stays in ``0..max_value``: a
+    step adds only what keeps it at most ``max_value`` and subtracts only what keeps it at least 0
+    (the operation is drawn among those that can), so the steps use a small table of facts."""
+    if max_value is None:
+        operands = tuple(int(x) for x in rng.integers(1, max_operand + 1, size=level + 1))
+        ops = tuple("+" if b else "-" for b in rng.integers(0, 2, size=level))
+        return ArithmeticProblem(operands, ops)
+    value = int(rng.integers(1, min(max_operand, max_value) + 1))
+    operands, ops = [value], []
+    for _ in range(level):
+        possible = [op for op, ok in (("+", value < max_value), ("-", value > 0)) if ok]
+        op = possible[int(rng.integers(0, len(possible)))]
+        x = int(rng.integers(1, min(max_operand, max_value - value if op == "+" else value) + 1))
+        value = value + x if op == "+" else value - x
+        operands.append(x)
+        ops.append(op)
+    return ArithmeticProblem(tuple(operands), tuple(ops))
 
 
-def sample_problems(seed: int, n: int, levels: list[int], max_operand: int) -> list[ArithmeticProblem]:
+def sample_problems(seed: int, n: int, levels: list[int], max_operand: int, max_value: int | None = None) -> list[ArithmeticProblem]:
     """``n`` problems with levels cycled in equal shares, deterministically from ``seed``."""
     rng = np.random.default_rng(seed)
-    return [sample_problem(rng, levels[i % len(levels)], max_operand) for i in range(n)]
+    return [sample_problem(rng, levels[i % len(levels)], max_operand, max_value) for i in range(n)]
 
 
 # The worked example of a one-shot problem (``example=True``), a fixed problem of level 1.

@@ -15,23 +15,26 @@ functions as the paper-scale models (``pwopsd.prompts``):
   contradict the response (without it no self-distillation method beats the base model:
   docs/decisions.md, "Tiny mode: a toy in which the method works").
 
-Two further options (0 in tiny mode, measured and left): ``shortcut_rate``, student and eval
-examples that give the boxed answer without the steps, and ``slip_rate``, per-step slips of the
-model's own computation (:class:`Slips`).
+The student's errors are slips, not missing facts (tiny mode: ``max_value: 9``, ``slip_rate:
+0.3``; docs/decisions.md, "Tiny mode: a toy robust to its own bits"). Every value of an easy
+problem's chain stays in ``0..max_value``, so its steps use a table of about 90 facts, which
+pretraining learns by the end of its learning-rate decay on every build; and the model's own steps
+(student and evaluation formats, a teacher after its detour) slip at ``slip_rate`` a step
+(:class:`Slips`), while the privileged teacher copying the quoted solution does not. The student's
+accuracy is then the data's, about ``(1 - slip_rate) ** level``, whatever the build's bits, and what
+self-distillation can teach is one behaviour shared by every step (do not slip), not one fact at a
+time. ``shortcut_rate`` (0 in tiny mode, measured and left): student and eval examples that give
+the boxed answer without the steps.
 
-Pretraining stops when the model is ready, not after a fixed number of steps: every
-``check_every`` steps from ``check_from`` on, a quick dev check (the first ``check_per_level``
-problems of each level of the dev set, from a seed disjoint from every benchmark's) asks for the
-build check's targets with ``check_margin`` to spare (student and evaluation prompts inside the
-accuracy range shrunk by the margin, the privileged teacher ahead by the gap plus the margin); when
-the quick check passes, the whole dev set must meet the same targets, margin included, and the
-model it accepts passes the build check with that margin to spare. A model's accuracy climbs steeply over a few
-dozen steps here, and torch's CPU kernel paths (AVX2, AVX512, plain) round differently, so a
-fixed step count lands each host's model at a different point of that climb (student 14% on one
-path, 23% on another, with 850 fixed steps); stopping on the targets lands every path inside the
-range. The learning rate warms up, decays by a cosine over ``steps`` and then stays at its minimum;
-a model that is not ready by ``max_steps`` fails the build with :class:`TinyModelCheckError`,
-naming its last check and what to change.
+Pretraining stops when the model is ready: every ``check_every`` steps from ``check_from`` on (tiny
+mode: the end of the decay), a quick dev check (the first ``check_per_level`` problems of each
+level of the dev set, from a seed disjoint from every benchmark's) asks for the build check's
+targets with ``check_margin`` to spare (student and evaluation prompts inside the accuracy range
+shrunk by the margin, the privileged teacher ahead by the gap plus the margin); when the quick
+check passes, the whole dev set must meet the same targets, margin included, and the model it
+accepts passes the build check with that margin to spare. The learning rate warms up, decays by a
+cosine over ``steps`` and then stays at its minimum; a model that is not ready by ``max_steps``
+fails the build with :class:`TinyModelCheckError`, naming its last check and what to change.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ class TinyBuildConfig:
     grad_clip: float = 1.0
     levels: list[int] = field(default_factory=lambda: [1, 2, 3])
     max_operand: int = 9
+    max_value: int | None = None  # easy problems' values stay in 0..max_value (slips too)
     teacher_fraction: float = 0.4
     teacher_hard_fraction: float = 0.5
     teacher_hard_max_operand: int = 99
@@ -126,6 +130,7 @@ class Slips:
     offsets: tuple[int, ...]
     masked: int | None = None
     shortcut: bool = False  # the response skips the steps: the boxed answer alone
+    bound: int | None = None  # a slip that would leave 0..bound goes the other way (tiny.max_value)
 
 
 def slipped_steps(p: ArithmeticProblem, slips: Slips) -> tuple[list[str], int, tuple[int, int] | None]:
@@ -133,7 +138,10 @@ def slipped_steps(p: ArithmeticProblem, slips: Slips) -> tuple[list[str], int, t
     character span (in ``"\\n".join(lines)``) of the masked step's result, if any."""
     lines, value, span = [], p.operands[0], None
     for k, (op, x) in enumerate(zip(p.ops, p.operands[1:])):
-        new = (value + x if op == "+" else value - x) + slips.offsets[k]
+        true = value + x if op == "+" else value - x
+        new = true + slips.offsets[k]
+        if slips.bound is not None and not 0 <= new <= slips.bound:
+            new = true - slips.offsets[k]
         head = f"{value} {op} {x} = "
         if k == slips.masked:
             start = sum(len(line) + 1 for line in lines) + len(head)
@@ -193,19 +201,20 @@ def sample_pretraining_example(rng: np.random.Generator, cfg: TinyBuildConfig) -
     level = int(rng.choice(cfg.levels))
     if rng.random() < cfg.teacher_fraction:
         hard = rng.random() < cfg.teacher_hard_fraction
-        p = sample_problem(rng, level, cfg.teacher_hard_max_operand if hard else cfg.max_operand)
+        p = (sample_problem(rng, level, cfg.teacher_hard_max_operand) if hard
+             else sample_problem(rng, level, cfg.max_operand, cfg.max_value))
         if not hard and cfg.teacher_detour_fraction > 0 and rng.random() < cfg.teacher_detour_fraction:
             step = int(rng.integers(0, level))
             offsets = _slip_offsets(rng, level, cfg.slip_rate, first=step + 1)
             offsets[step] = int(rng.choice(SLIP_OFFSETS))
-            return p, "teacher", Slips(tuple(offsets), masked=step)
+            return p, "teacher", Slips(tuple(offsets), masked=step, bound=cfg.max_value)
         return p, "teacher", None
     fmt = "student" if rng.random() < 0.5 else "eval"
-    p = sample_problem(rng, level, cfg.max_operand)
+    p = sample_problem(rng, level, cfg.max_operand, cfg.max_value)
     if cfg.shortcut_rate > 0 and rng.random() < cfg.shortcut_rate:
         return p, fmt, Slips((0,) * level, shortcut=True)
     offsets = _slip_offsets(rng, level, cfg.slip_rate)
-    return p, fmt, Slips(tuple(offsets)) if any(offsets) else None
+    return p, fmt, Slips(tuple(offsets), bound=cfg.max_value) if any(offsets) else None
 
 
 def tokenizer_corpus(cfg: TinyBuildConfig, n: int = 3000) -> list[str]:
@@ -392,7 +401,7 @@ def dev_accuracy(model, tokenizer, cfg: TinyBuildConfig, batch_size: int = 256, 
     cells, reqs = [], []
     for fmt in ("student", "eval", "teacher"):
         for level in cfg.levels:
-            problems = sample_problems(cfg.dev_seed + level, per_level or cfg.dev_per_level, [level], cfg.max_operand)
+            problems = sample_problems(cfg.dev_seed + level, per_level or cfg.dev_per_level, [level], cfg.max_operand, cfg.max_value)
             cells.append((fmt, level, problems))
             for i, p in enumerate(problems):
                 prompt, _ = format_example(tokenizer, p, fmt, cfg.reference_solution)
