@@ -7,10 +7,15 @@ from the line (``copies``).
 
     python benchmarks/tiny_teacher_probe.py tiny/results/models/tiny_qwen3/base [--problems 150]
 
-Prints one line: the student's and the teacher's accuracy on and off the path, and how often the
-teacher copies the solution's number off it. Issue 50: on builds 0 and 1 of the committed recipe
-the teacher is right at 78-80% of on-path results (student 45-55%), and at 1-2% of off-path ones,
-where it copies the solution's number 69-73% of the time (docs/tiny_robustness.md).
+Prints one line: the student's and the teacher's greedy accuracy on and off the path, how often the
+teacher copies the solution's number off it, and the mean probability each gives the right value's
+first token there (``p_``: sampling meets a slip rate that greedy decoding hides). On the committed
+build (seed 0): on the path, greedy student 0.91 and teacher 1.00, probability 0.55 and 0.94 (the
+student slips, the copying teacher does not); off it (a fifth of the results) the teacher copies the
+solution's number 82% of the time (probability of the right value 0.14, the student's 0.40).
+``--max-value 0`` probes a build of the recipe before (unbounded chains, no slips): on its builds 0
+and 1 the teacher was right at 78-80% of on-path results, the student at 45-55% (greedy: missing
+facts), and it copied off the path 69-73% of the time (docs/tiny_robustness.md).
 """
 
 from __future__ import annotations
@@ -36,7 +41,18 @@ def greedy_line_end(model, tok, prefix: str) -> str:
     return tok.decode(out[0, ids.shape[1]:]).split("\n")[0].strip()
 
 
-def probe(model_dir: Path, problems: int, seed: int = 0) -> dict[str, tuple[int, int]]:
+def right_probability(model, tok, prefix: str, right: str) -> float:
+    """The probability the model gives the first token of the right value after ``prefix``: where
+    greedy decoding hides a slip rate, sampling meets it."""
+    import torch
+
+    ids = tok(prefix, add_special_tokens=False, return_tensors="pt").input_ids
+    first = tok(right, add_special_tokens=False).input_ids[0]
+    with torch.no_grad():
+        return float(torch.softmax(model(ids).logits[0, -1].double(), -1)[first])
+
+
+def probe(model_dir: Path, problems: int, seed: int = 0, max_value: int | None = 9) -> dict[str, tuple[float, int]]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -46,9 +62,10 @@ def probe(model_dir: Path, problems: int, seed: int = 0) -> dict[str, tuple[int,
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    counts = {k: [0, 0] for k in ("student_on", "teacher_on", "student_off", "teacher_off", "teacher_off_copies")}
+    counts = {k: [0, 0] for k in ("student_on", "teacher_on", "student_off", "teacher_off", "teacher_off_copies",
+                                  "p_student_on", "p_teacher_on", "p_student_off", "p_teacher_off")}
     torch.manual_seed(seed)
-    for p in sample_problems(7, problems, [1, 2, 3], 9):  # the tiny training corpus' generator
+    for p in sample_problems(7, problems, [1, 2, 3], 9, max_value):  # the tiny training corpus' generator
         student = prompts.render(tok, prompts.student_message(p.problem), prompts.STUDENT)
         teacher = prompts.render(tok, prompts.teacher_message(p.problem, p.reference_solution("worked")), prompts.TEACHER)
         ids = tok(student, add_special_tokens=False, return_tensors="pt").input_ids
@@ -67,6 +84,8 @@ def probe(model_dir: Path, problems: int, seed: int = 0) -> dict[str, tuple[int,
                 value = greedy_line_end(model, tok, prompt + done + head)
                 counts[f"{who}_{where}"][0] += value == right
                 counts[f"{who}_{where}"][1] += 1
+                counts[f"p_{who}_{where}"][0] += right_probability(model, tok, prompt + done + head, right)
+                counts[f"p_{who}_{where}"][1] += 1
                 if who == "teacher" and where == "off" and k < len(solution):
                     counts["teacher_off_copies"][0] += value == solution[k].split("= ")[1]
                     counts["teacher_off_copies"][1] += 1
@@ -78,9 +97,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", type=Path, help="a tiny model folder (results/models/tiny_qwen3/base)")
     ap.add_argument("--problems", type=int, default=150)
+    ap.add_argument("--max-value", type=int, default=9,
+                    help="the corpus' tiny source max_value (0: unbounded, the recipe before the slips)")
     args = ap.parse_args(argv)
-    counts = probe(args.model, args.problems)
-    print(f"{args.model}: " + ", ".join(f"{k} {a}/{b} = {a / max(b, 1):.2f}" for k, (a, b) in counts.items()))
+    counts = probe(args.model, args.problems, max_value=args.max_value or None)
+    print(f"{args.model}: " + ", ".join(f"{k} {a:.0f}/{b} = {a / max(b, 1):.2f}" if not k.startswith("p_")
+                                        else f"{k} {a / max(b, 1):.2f}" for k, (a, b) in counts.items()))
     return 0
 
 
