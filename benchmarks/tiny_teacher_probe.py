@@ -31,25 +31,18 @@ sys.path.insert(0, str(REPO / "src"))
 LINE = re.compile(r"^(-?\d+) ([+-]) (\d+) = (-?\d+)$")
 
 
-def greedy_line_end(model, tok, prefix: str) -> str:
-    """The model's greedy continuation of ``prefix`` up to the end of the line."""
-    import torch
-
-    ids = tok(prefix, add_special_tokens=False, return_tensors="pt").input_ids
-    with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=4, do_sample=False)
-    return tok.decode(out[0, ids.shape[1]:]).split("\n")[0].strip()
-
-
-def right_probability(model, tok, prefix: str, right: str) -> float:
-    """The probability the model gives the first token of the right value after ``prefix``: where
-    greedy decoding hides a slip rate, sampling meets it."""
+def greedy_line_end(model, tok, prefix: str, right: str) -> tuple[str, float]:
+    """The model's greedy continuation of ``prefix`` up to the end of the line, and the probability
+    it gives the first token of the right value there (where greedy decoding hides a slip rate,
+    sampling meets it): one generate call, its first step's raw logits."""
     import torch
 
     ids = tok(prefix, add_special_tokens=False, return_tensors="pt").input_ids
     first = tok(right, add_special_tokens=False).input_ids[0]
     with torch.no_grad():
-        return float(torch.softmax(model(ids).logits[0, -1].double(), -1)[first])
+        out = model.generate(ids, max_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    text = tok.decode(out.sequences[0, ids.shape[1]:]).split("\n")[0].strip()
+    return text, float(torch.softmax(out.logits[0][0].double(), -1)[first])
 
 
 def probe(model_dir: Path, problems: int, seed: int = 0, max_value: int | None = 9) -> dict[str, tuple[float, int]]:
@@ -81,10 +74,10 @@ def probe(model_dir: Path, problems: int, seed: int = 0, max_value: int | None =
             right = str(a + x if op == "+" else a - x)
             where = "on" if k < len(solution) and solution[k].startswith(head) else "off"
             for who, prompt in (("student", student), ("teacher", teacher)):
-                value = greedy_line_end(model, tok, prompt + done + head)
+                value, probability = greedy_line_end(model, tok, prompt + done + head, right)
                 counts[f"{who}_{where}"][0] += value == right
                 counts[f"{who}_{where}"][1] += 1
-                counts[f"p_{who}_{where}"][0] += right_probability(model, tok, prompt + done + head, right)
+                counts[f"p_{who}_{where}"][0] += probability
                 counts[f"p_{who}_{where}"][1] += 1
                 if who == "teacher" and where == "off" and k < len(solution):
                     counts["teacher_off_copies"][0] += value == solution[k].split("= ")[1]
