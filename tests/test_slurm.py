@@ -297,7 +297,7 @@ def _watch_status(work, cluster, snapshots, stop, requeued):
                 att = job.attempts[-1] if job.attempts else None
                 if (job.rule == REQUEUED_RULE and not requeued and att and att.state == "RUNNING"
                         and (att.seconds or 0) >= 3):
-                    _requeue_now(att.slurm_jobid, cluster.env())
+                    _requeue_now(att.slurm_jobid, cluster)
                     requeued.append(att.slurm_jobid)
         except Exception as exc:  # noqa: BLE001 - reported by the test that reads the snapshots
             snapshots.append(repr(exc))
@@ -460,27 +460,52 @@ def _watch_and_interrupt(cluster, work, done, stop, env, warnings):
                 warnings.append(threading.Thread(target=_warn_by_time_limit, args=(cluster, jobid, env, done[method])))
                 warnings[-1].start()
                 continue
-            _requeue_now(jobid, env)
+            _requeue_now(jobid, cluster)
             done[method] = jobid
         time.sleep(0.3)
 
 
-def _requeue_now(jobid, env):
+def _requeue_now(jobid, cluster):
     """`scontrol requeue` a running job (Slurm's SIGTERM, then the same job id runs again), let start
     at once (Slurm holds a requeued job ~2 minutes: BeginTime)."""
     import time
 
+    env = cluster.env()
+    slurmd_log = cluster.root / "log" / "slurmd.log"
+    done_before = _slurmd_done_lines(slurmd_log, jobid)
     subprocess.run(["scontrol", "requeue", jobid], env=env, check=True, capture_output=True)
     deadline = time.time() + 120
     while time.time() < deadline and not subprocess.run(
             ["squeue", "-h", "-j", jobid, "-o", "%T"], env=env, capture_output=True, text=True).stdout.startswith("PENDING"):
         time.sleep(0.2)
     # The first run's processes may outlive its PENDING state (its step gets KillWait to end): the
-    # next run starts once they are gone, as on a cluster, where a requeued job waits ~2 minutes.
-    # (Released beside them, the next run once failed at once with exit 1 on a loaded host.)
-    while time.time() < deadline and _job_pids(jobid, env):
+    # next run starts once they are gone and slurmd has finished the run's batch script ("done with
+    # job", in its log), and a few seconds more, as on a cluster, where a requeued job waits ~2
+    # minutes. Released beside them, the next run once failed at once with exit 1 on a loaded
+    # host, and once (CI of 8e2bef5) failed to launch (no output): Snakemake then resubmitted it.
+    while time.time() < deadline and (_job_pids(jobid, env) or _slurmd_done_lines(slurmd_log, jobid) <= done_before):
         time.sleep(0.2)
+    time.sleep(3)
     subprocess.run(["scontrol", "update", f"JobId={jobid}", "StartTime=now"], env=env, check=True, capture_output=True)
+
+
+def _slurmd_done_lines(log: Path, jobid: str) -> int:
+    """How many times slurmd has logged the batch script of job ``jobid`` done."""
+    try:
+        return log.read_text(errors="replace").count(f"[{jobid}.batch] done with job")
+    except OSError:
+        return 0
+
+
+def _slurmd_lines(cluster, jobid: str) -> str:
+    """slurmd's and slurmctld's log lines about job ``jobid``: why a run failed to launch."""
+    about = re.compile(rf"(JobId=|job |\[|StepId=){jobid}(\D|$)", re.IGNORECASE)
+    out = []
+    for name in ("slurmd", "slurmctld"):
+        path = cluster.root / "log" / f"{name}.log"
+        if path.exists():
+            out += [f"{name}: {line}" for line in path.read_text(errors="replace").splitlines() if about.search(line)]
+    return "\n".join(out[-60:])
 
 
 def _job_pids(jobid, env) -> list[str]:
@@ -824,7 +849,10 @@ def test_the_status_command_shows_the_slurm_diagnostic_its_failure_and_its_spend
     assert "out of memory" in shown and first["jobid"] in shown
     # the job interrupted while it ran: requeued by Slurm, run again under its job id
     (jobid,) = requeued
-    interrupted, resumed = _job(status, REQUEUED_RULE)["attempts"]
+    attempts = _job(status, REQUEUED_RULE)["attempts"]
+    assert len(attempts) == 2, ([(a["slurm_jobid"], a["state"], a["exit_code"], a["reason"], a["log_tail"]) for a in attempts],
+                                _slurmd_lines(slurm_cluster, jobid))
+    interrupted, resumed = attempts
     assert (interrupted["slurm_jobid"], interrupted["state"], resumed["slurm_jobid"], resumed["state"]) == (
         jobid, "REQUEUED", jobid, "COMPLETED")
     assert interrupted["reason"].startswith("requeued by Slurm") and resumed["resubmitted_after_notice"]
