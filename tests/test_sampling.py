@@ -105,6 +105,53 @@ def test_a_notice_signal_saves_the_shard_in_progress_and_the_rerun_generates_onl
     assert rerun.calls == 1
 
 
+def test_small_shards_share_a_backend_call_and_an_interrupted_group_resumes_from_its_saved_shards(
+        tmp_path, random_tiny_model, tiny_tokenizer):
+    """run_shards: consecutive shards (here of two benchmarks and two seeds) go to the backend
+    together while their requests number at most group_size; each is still saved as its own shard,
+    and the samples equal those of one call per shard. Stopped before its second group, a job
+    reruns only that group."""
+    from pwopsd.generation.sampling import plan_shards, read_shards, run_shards
+
+    ids = eval_prompt_ids(tiny_tokenizer, [f"Compute {i} + 4." for i in range(5)], enable_thinking=True,
+                          add_special_tokens=False)
+
+    def plans(root):  # benchmark a (3 problems) and b (2 problems), seeds 1 and 2, shards of 2 problems
+        out = []
+        for seed in (1, 2):
+            cfg = SamplingConfig.from_evaluation(EVAL, seed=seed)
+            for name, lo, hi in (("a", 0, 3), ("b", 3, 5)):
+                reqs = [cfg.request(p) for p in ids[lo:hi]]
+                out.append(plan_shards(reqs, [{"problem_id": f"{name}{i}"} for i in range(lo, hi)],
+                                       partial=tmp_path / root / f"{name}-{seed}", shard_size=2))
+        return out
+
+    class Sizes(CountingBackend):
+        def generate(self, requests):
+            self.sizes.append(len(requests))
+            return super().generate(requests)
+
+    one_by_one = plans("apart")
+    backend = Sizes(random_tiny_model, tiny_tokenizer)
+    backend.sizes = []
+    run_shards(backend, [s for shards in one_by_one for s in shards], group_size=2)
+    assert backend.sizes == [2, 1, 2, 2, 1, 2]  # one call a shard
+
+    together = plans("together")
+    grouped = Sizes(random_tiny_model, tiny_tokenizer, fail_after=1)
+    grouped.sizes = []
+    with pytest.raises(KeyboardInterrupt):  # stopped in the second group (seed 2)
+        run_shards(grouped, [s for shards in together for s in shards], group_size=5)
+    assert grouped.sizes == [5, 5]  # shards of 2+1+2 problems (seed 1, both benchmarks), then seed 2's
+    assert [s.file.exists() for shards in together for s in shards] == [True] * 3 + [False] * 3  # one file a shard
+    rerun = Sizes(random_tiny_model, tiny_tokenizer)
+    rerun.sizes = []
+    run_shards(rerun, [s for shards in together for s in shards], group_size=5)
+    assert rerun.sizes == [5]
+    for a, b in zip(one_by_one, together, strict=True):
+        pd.testing.assert_frame_equal(read_shards(a), read_shards(b))
+
+
 def test_a_job_with_several_outputs_keeps_every_shard_until_all_are_written(tmp_path, random_tiny_model, tiny_tokenizer):
     """Snakemake deletes every output of a job that stops early: a benchmark written before the stop
     is then sampled again from its kept shards, with no generation."""

@@ -78,6 +78,76 @@ def eval_prompt_ids(tokenizer, problems: Sequence[str], *, enable_thinking: bool
     ]
 
 
+@dataclass(frozen=True)
+class Shard:
+    """A piece of a resumable generation: requests whose completions are saved together in ``file``
+    (one row a completion, carrying its request's ``keys`` columns)."""
+
+    file: Path
+    requests: Sequence[GenerationRequest]
+    keys: Sequence[dict[str, Any]]
+
+
+def plan_shards(requests: Sequence[GenerationRequest], keys: Sequence[dict[str, Any]], *, partial: Path,
+                shard_size: int = 100) -> list[Shard]:
+    """``requests`` cut into shards of ``shard_size`` requests, saved under ``partial`` (the caller
+    names it, :func:`partial_dir`, from everything that determines the samples)."""
+    if len(keys) != len(requests):
+        raise ValueError(f"{len(keys)} key rows for {len(requests)} requests")
+    partial.mkdir(parents=True, exist_ok=True)
+    return [Shard(partial / f"shard-{s:05d}.parquet", requests[lo : lo + shard_size], keys[lo : lo + shard_size])
+            for s, lo in enumerate(range(0, len(requests), shard_size))]
+
+
+def run_shards(backend: Backend, shards: Sequence[Shard], *, group_size: int = 100, token_ids: bool = False,
+               notice=None) -> None:
+    """Generate every shard not saved yet and save it. Consecutive shards are generated together,
+    in one call of the backend, while their requests number at most ``group_size`` (a shard larger
+    than that alone): small benchmarks and several seeds of one job share batches, and a sample does
+    not depend on what shares its batch (:class:`~pwopsd.generation.hf_backend.HFBackend`). With a
+    ``notice`` (:class:`pwopsd.notice.Notice`) that has received its signal, the group in progress
+    is finished and saved, and :class:`~pwopsd.notice.Interrupted` is raised before the next one:
+    the job exits resumable and its rerun loses nothing."""
+    pending = [shard for shard in shards if not shard.file.exists()]
+    done = len(shards) - len(pending)
+    if done:
+        log.info("%d of %d shards already done, reused", done, len(shards))
+    groups: list[list[Shard]] = []
+    for shard in pending:
+        if groups and sum(len(s.requests) for s in groups[-1]) + len(shard.requests) <= group_size:
+            groups[-1].append(shard)
+        else:
+            groups.append([shard])
+    t0 = time.time()
+    for group in groups:
+        stop_on_notice(notice, f"{done} of {len(shards)} shards saved in {group[0].file.parent}")
+        results = iter(backend.generate([r for shard in group for r in shard.requests]))
+        for shard in group:
+            write_parquet(_completion_rows(shard, [next(results) for _ in shard.requests], token_ids), shard.file)
+        done += len(group)
+        log.info("shards %d/%d done: %d samples (%.1fs elapsed)", done, len(shards),
+                 sum(r.n for shard in group for r in shard.requests), time.time() - t0)
+
+
+def _completion_rows(shard: Shard, results, token_ids: bool) -> pd.DataFrame:
+    rows = []
+    for key, req, completions in zip(shard.keys, shard.requests, results, strict=True):
+        for j, c in enumerate(completions):
+            row = {**key, "sample_index": j, "text": c.text, "num_tokens": len(c.token_ids),
+                   "finish_reason": c.finish_reason, "prompt_tokens": len(req.prompt_ids)}
+            if token_ids:
+                row["token_ids"] = list(c.token_ids)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def read_shards(shards: Sequence[Shard], key_columns: Sequence[str] = ()) -> pd.DataFrame:
+    """The saved shards' completions in order, one table."""
+    if not shards:
+        return pd.DataFrame(columns=[*key_columns, "sample_index", "text", "num_tokens", "finish_reason", "prompt_tokens"])
+    return pd.concat([pd.read_parquet(shard.file) for shard in shards], ignore_index=True)
+
+
 def generate_resumable(
     backend: Backend,
     requests: Sequence[GenerationRequest],
@@ -98,37 +168,9 @@ def generate_resumable(
     shard in progress is finished and saved, and :class:`~pwopsd.notice.Interrupted` is
     raised before the next one: the job exits resumable and its rerun loses nothing.
     """
-    if len(keys) != len(requests):
-        raise ValueError(f"{len(keys)} key rows for {len(requests)} requests")
-    partial.mkdir(parents=True, exist_ok=True)
-    frames = []
-    n_shards = (len(requests) + shard_size - 1) // shard_size
-    t0 = time.time()
-    for s in range(n_shards):
-        shard_file = partial / f"shard-{s:05d}.parquet"
-        if shard_file.exists():
-            log.info("shard %d/%d already done, reusing %s", s + 1, n_shards, shard_file)
-            frames.append(pd.read_parquet(shard_file))
-            continue
-        stop_on_notice(notice, f"{s} of {n_shards} shards saved in {partial}")  # before a shard, not after the last
-        lo, hi = s * shard_size, min(len(requests), (s + 1) * shard_size)
-        results = backend.generate(requests[lo:hi])
-        rows = []
-        for key, req, completions in zip(keys[lo:hi], requests[lo:hi], results):
-            for j, c in enumerate(completions):
-                row = {**key, "sample_index": j, "text": c.text, "num_tokens": len(c.token_ids),
-                       "finish_reason": c.finish_reason, "prompt_tokens": len(req.prompt_ids)}
-                if token_ids:
-                    row["token_ids"] = list(c.token_ids)
-                rows.append(row)
-        frame = pd.DataFrame(rows)
-        write_parquet(frame, shard_file)
-        frames.append(frame)
-        log.info("shard %d/%d: %d samples (%.1fs elapsed)", s + 1, n_shards, len(frame), time.time() - t0)
-    if not frames:
-        return pd.DataFrame(columns=[*(keys[0] if keys else {}), "sample_index", "text", "num_tokens", "finish_reason",
-                                     "prompt_tokens"])
-    return pd.concat(frames, ignore_index=True)
+    shards = plan_shards(requests, keys, partial=partial, shard_size=shard_size)
+    run_shards(backend, shards, group_size=shard_size, token_ids=token_ids, notice=notice)
+    return read_shards(shards, list(keys[0]) if keys else [])
 
 
 def sample_benchmark(
@@ -152,17 +194,35 @@ def sample_benchmark(
     ``metadata``: the model's weights by content, dtype, backend, engine settings and code
     (:func:`generation_identity`). Without it, shards are keyed by ``metadata`` alone."""
     t0 = time.time()
+    shards = benchmark_shards(problem_ids, prompt_ids, sampling, output=output, metadata=metadata,
+                              shard_size=shard_size, identity=identity)
+    run_shards(backend, shards, group_size=shard_size, notice=notice)
+    table = write_benchmark(backend, shards, sampling, output=output, metadata=metadata, seconds=time.time() - t0)
+    if clear:
+        clear_partial(output)
+    return table
+
+
+def benchmark_shards(problem_ids: Sequence[str], prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig, *,
+                     output: str | Path, metadata: dict[str, Any], shard_size: int = 100,
+                     identity: dict | None = None) -> list[Shard]:
+    """The shards of one benchmark's samples (:func:`sample_benchmark`), kept under a folder beside
+    ``output`` named by everything that determines them."""
     requests = [sampling.request(p) for p in prompt_ids]
     key = {"identity": identity, "meta": {k: v for k, v in metadata.items() if k not in NOT_IN_SHARD_KEY},
            "sampling": sampling.__dict__, "ids": list(problem_ids), "prompts": [list(p) for p in prompt_ids]}
-    table = generate_resumable(backend, requests, [{"problem_id": pid} for pid in problem_ids],
-                               partial=partial_dir(output, key), shard_size=shard_size, notice=notice)
+    return plan_shards(requests, [{"problem_id": pid} for pid in problem_ids], partial=partial_dir(output, key),
+                       shard_size=shard_size)
+
+
+def write_benchmark(backend: Backend, shards: Sequence[Shard], sampling: SamplingConfig, *, output: str | Path,
+                    metadata: dict[str, Any], seconds: float) -> pd.DataFrame:
+    """The generations parquet of one benchmark, from its saved shards."""
+    table = read_shards(shards, ["problem_id"])
     meta = {**metadata, "sampling": sampling.__dict__, "backend": backend.versions(),
             "reproducible": sampling.seed is not None or backend.unseeded_reproducible,
-            "seconds": round(time.time() - t0, 3)}
+            "seconds": round(seconds, 3)}
     write_parquet(table, output, metadata=meta)
-    if clear:
-        clear_partial(output)
     return table
 
 
@@ -228,20 +288,34 @@ def run_generations(
     first = SamplingConfig.from_evaluation(settings, None)
     tokenizer = load_tokenizer(manifest)
     identity = generation_identity(manifest, dtype=dtype, backend_name=backend_name, backend_options=backend_options)
-    # On a notice signal (Slurm's warning, time limit, preemption) the shard in progress is finished
+    prompt_ids = {name: eval_prompt_ids(tokenizer, list(table["problem"]),
+                                        enable_thinking=bool(settings.get("enable_thinking", True)),
+                                        add_special_tokens=bool(chat_template.get("add_special_tokens", True)))
+                  for name, table in benchmarks}
+    # Every (seed, benchmark) is planned in shards first; then the shards run in groups of at most
+    # shard_size problems, so that small benchmarks and several seeds share the backend's batches.
+    plan = []  # (output, sampling, metadata, shards)
+    for seed_name, (seed, outputs) in seeds.items():
+        sampling = SamplingConfig.from_evaluation(settings, seed)
+        for (name, table), output in zip(benchmarks, outputs, strict=True):
+            meta = {**metadata, "seed_name": seed_name, "backend_options": backend_options, "benchmark": name,
+                    "model_path": manifest["path"], "hf_id": manifest.get("hf_id"), "revision": manifest.get("revision"),
+                    "prompt": "eval", "enable_thinking": bool(settings.get("enable_thinking", True)),
+                    "chat_template": chat_template}
+            plan.append((output, sampling, meta, benchmark_shards(list(table["id"]), prompt_ids[name], sampling,
+                                                                  output=output, metadata=meta, identity=identity)))
+    log.info("sampling %s with %d seed(s): %d problems", ", ".join(f"{name} ({len(table)})" for name, table in benchmarks),
+             len(seeds), sum(len(table) for _, table in benchmarks))
+    t0 = time.time()
+    # On a notice signal (Slurm's warning, time limit, preemption) the group in progress is finished
     # and the job stops resumable; every finished shard is kept until the last output is written.
     with Notice() as notice, make_backend(backend_name, manifest, dtype=dtype, max_model_len=first.max_model_len,
                                           min_p=first.min_p, options=backend_options, tokenizer=tokenizer) as backend:
-        for seed_name, (seed, outputs) in seeds.items():
-            sampling = SamplingConfig.from_evaluation(settings, seed)
-            for (name, table), output in zip(benchmarks, outputs, strict=True):
-                _sample_one_benchmark(backend, tokenizer, name, table, output, manifest=manifest, settings=settings,
-                                      sampling=sampling, chat_template=chat_template,
-                                      metadata={**metadata, "seed_name": seed_name, "backend_options": backend_options},
-                                      notice=notice, identity=identity)
-    for _, outputs in seeds.values():
-        for output in outputs:
-            clear_partial(output)
+        run_shards(backend, [shard for *_, shards in plan for shard in shards], notice=notice)
+        for output, sampling, meta, shards in plan:
+            write_benchmark(backend, shards, sampling, output=output, metadata=meta, seconds=time.time() - t0)
+    for output, *_ in plan:
+        clear_partial(output)
 
 
 # Metadata of a generation that is a record, not a cause: the package versions (result-relevant
@@ -267,29 +341,6 @@ def generation_identity(manifest: dict, *, dtype: str, backend_name: str, backen
 
     del backend_options  # a record (provenance), not a cause
     return part_key(manifest, code=(code,), dtype=dtype, backend=backend_name, engine=dict(engine))
-
-
-def _sample_one_benchmark(backend, tokenizer, name, table, output, *, manifest, settings, sampling, chat_template,
-                          metadata, notice=None, identity=None) -> None:
-    ids = eval_prompt_ids(
-        tokenizer,
-        list(table["problem"]),
-        enable_thinking=bool(settings.get("enable_thinking", True)),
-        add_special_tokens=bool(chat_template.get("add_special_tokens", True)),
-    )
-    meta = {
-        **metadata,
-        "benchmark": name,
-        "model_path": manifest["path"],
-        "hf_id": manifest.get("hf_id"),
-        "revision": manifest.get("revision"),
-        "prompt": "eval",
-        "enable_thinking": bool(settings.get("enable_thinking", True)),
-        "chat_template": chat_template,
-    }
-    log.info("sampling %s (%d problems)", name, len(table))
-    sample_benchmark(backend, list(table["id"]), ids, sampling, output=output, metadata=meta, notice=notice, clear=False,
-                     identity=identity)
 
 
 def generation_path(model: str, checkpoint: str, benchmark: str, seed: str) -> str:
