@@ -100,6 +100,32 @@ def test_addmm_baddbmm_linear_and_autograd_run_through_it(exact):
     assert torch.equal(a64 @ b64, native64) and torch.equal(a.bfloat16() @ b.bfloat16(), native16)
 
 
+def test_reused_weight_roundings_give_the_same_bits_and_follow_an_in_place_change(exact, monkeypatch):
+    """reuse_weights: a parameter's rounding (here a Linear weight, which linear passes transposed)
+    is computed once for the products that follow, with the same results as without the cache; an
+    in-place change of the parameter is rounded again; activations are never cached; the cache goes
+    with the context."""
+    calls = []
+    rounded = X.rounded64
+    monkeypatch.setattr(X, "rounded64", lambda x, dim, beta: calls.append(dim) or rounded(x, dim, beta))
+    g = torch.Generator().manual_seed(2)
+    lin = torch.nn.Linear(16, 8)
+    x, y = torch.randn(5, 16, generator=g), torch.randn(3, 7, 16, generator=g)
+    with torch.inference_mode():
+        plain = [lin(x), lin(y)]
+        calls.clear()
+        with X.reuse_weights():
+            cached = [lin(x), lin(y)]
+            assert calls == [-1, -2, -1]  # the second product rounds its input only
+            with torch.no_grad():
+                lin.weight.mul_(0.5)
+            changed = lin(x)
+            assert calls == [-1, -2, -1, -1, -2]  # the changed weight is rounded again
+        assert X._weights is None
+        assert all(torch.equal(a, b) for a, b in zip(plain, cached))
+        assert torch.equal(changed, lin(x))
+
+
 def test_uninstall_gives_torch_its_products_back():
     a, b = torch.randn(40, 64), torch.randn(64, 30)
     native = a @ b

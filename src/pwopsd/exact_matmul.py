@@ -35,6 +35,7 @@ build step, training step and generation call no vendor routine but ``DGEMM``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
@@ -44,6 +45,8 @@ ENV = "PWOPSD_CPU_MATMUL"  # "exact": the jobs of a run install the exact produc
 MANTISSA_BITS = 53  # float64
 _OPS = ("mm", "addmm", "bmm", "baddbmm")
 _library = None
+# While reuse_weights() is active: each parameter's rounding as a right factor, computed once.
+_weights: dict | None = None
 
 
 def integer_bits(k: int) -> int:
@@ -65,8 +68,9 @@ def rounded64(x: torch.Tensor, dim: int, beta: int) -> torch.Tensor:
     inexact step."""
     largest = x.amax(dim=dim, keepdim=True).maximum(x.amin(dim=dim, keepdim=True).neg_())  # the fastest max|x|
     _, e = torch.frexp(largest)
-    q = x.to(torch.float64)
-    return q.mul_(pow2(beta - e)).round_().mul_(pow2(e - beta))
+    scale = pow2(beta - e)
+    # the reciprocal of a power of two is exact, and costs one operation against pow2's five
+    return x.to(torch.float64).mul_(scale).round_().mul_(scale.reciprocal_())
 
 
 def exact_product64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -78,11 +82,46 @@ def exact_product64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     magnitudes is at most ``2**53`` such units: every partial sum is exact, in any order, and the
     product needs no scaling afterwards."""
     beta = integer_bits(a.shape[-1])
-    ra, rb = rounded64(a, -1, beta), rounded64(b, -2, beta)
+    ra, rb = rounded64(a, -1, beta), _rounded_right(b, beta)
     out = torch.empty(ra.shape[:-1] + rb.shape[-1:], dtype=torch.float64)
     if a.dim() == 2:
         return torch.ops.aten.mm.out(ra, rb, out=out)
     return torch.ops.aten.bmm.out(ra, rb, out=out)
+
+
+@contextlib.contextmanager
+def reuse_weights():
+    """Within this context, the rounding of a right factor that is a model's parameter (or a view
+    of one, as ``linear`` passes its weight transposed) is computed once and reused by the products
+    that follow: a decode loop rounds each weight once instead of once a token. The rounding is a
+    function of the parameter's values alone, so the products are the same bits; a parameter
+    changed in place (its version counter moves) is rounded again. Parameters must not be written
+    through ``.data`` inside the context (that moves no version counter): a generation loop, which
+    changes none, is what it is for. Nested uses share the outer cache; it is dropped on exit."""
+    global _weights
+    outer = _weights
+    if outer is None:
+        _weights = {}
+    try:
+        yield
+    finally:
+        if outer is None:
+            _weights = None
+
+
+def _rounded_right(b: torch.Tensor, beta: int) -> torch.Tensor:
+    """``rounded64(b, -2, beta)``, from the cache of :func:`reuse_weights` when ``b`` is a parameter."""
+    cache = _weights
+    if cache is not None:
+        base = b._base if b._base is not None else b
+        if isinstance(base, torch.nn.Parameter):
+            key = (id(base), base._version, b.shape, b.stride(), b.storage_offset(), beta)
+            hit = cache.get(key)
+            if hit is None:
+                # the entry holds the parameter: its id and memory cannot be another's while cached
+                hit = cache[key] = (base, rounded64(b, -2, beta))
+            return hit[1]
+    return rounded64(b, -2, beta)
 
 
 def _routed(*tensors) -> bool:

@@ -6,7 +6,8 @@ depend only on its prompt, its seed and the model, not on which other prompts sh
 
 Efficiency: rows are sorted by prompt length to keep left padding small, the samples of one prompt
 share one prefill (its KV cache is repeated for them), logits are computed for the last position
-only, and rows that finish are dropped from the batch and its KV cache.
+only, rows that finish are dropped from the batch and its KV cache, and with tiny mode's exact
+products each weight is rounded once a call (:func:`pwopsd.exact_matmul.reuse_weights`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Sequence
 
 import torch
 
+from pwopsd import exact_matmul
 from pwopsd.generation import FINISH_LENGTH, FINISH_STOP, Completion, GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -139,12 +141,14 @@ class HFBackend:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(rows), desc="generate", unit="sample", mininterval=5)
-        for start in range(0, len(rows), self.batch_size):
-            chunk = rows[start : start + self.batch_size]
-            for (i, j), completion in zip(chunk, self._generate_batch([(requests[i], j) for i, j in chunk])):
-                out[i][j] = completion
-            if bar is not None:
-                bar.update(len(chunk))
+        # The weights do not change during the call: with tiny mode's exact products, each is rounded once.
+        with exact_matmul.reuse_weights():
+            for start in range(0, len(rows), self.batch_size):
+                chunk = rows[start : start + self.batch_size]
+                for (i, j), completion in zip(chunk, self._generate_batch([(requests[i], j) for i, j in chunk])):
+                    out[i][j] = completion
+                if bar is not None:
+                    bar.update(len(chunk))
         if bar is not None:
             bar.close()
         return out  # type: ignore[return-value]
