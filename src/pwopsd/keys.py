@@ -51,6 +51,13 @@ def _module_file(name: str) -> Path | None:
 def _imported_modules(path: Path, module: str) -> set[str]:
     """Package modules that the source at ``path`` (module ``module``) imports anywhere in its body,
     function-level imports included (the package imports heavy libraries lazily)."""
+    return set(_imports_of(path, path.stat().st_mtime_ns, module))
+
+
+@functools.lru_cache(maxsize=None)
+def _imports_of(path: Path, mtime_ns: int, module: str) -> frozenset[str]:
+    """:func:`_imported_modules`, parsed once a process for each file version (``mtime_ns`` keys the
+    cache): the Snakefile asks for the closure of every script, which share most modules."""
     is_package = path.name == "__init__.py"
     tree = ast.parse(path.read_text(), str(path))
     found: set[str] = set()
@@ -66,7 +73,7 @@ def _imported_modules(path: Path, module: str) -> set[str]:
                 base = node.module or ""
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
-    return {m for m in found if m.startswith("pwopsd")}
+    return frozenset(m for m in found if m.startswith("pwopsd"))
 
 
 @functools.lru_cache(maxsize=None)
