@@ -42,25 +42,6 @@ def runs_of(cfg: dict, only: set[str] | None = None) -> tuple[list[str], list[st
     return keep(r for m in LEARNING_METHODS for r in method_runs(cfg, m)), keep(BROKEN)
 
 
-def overrides(pairs: list[str], config: dict) -> dict:
-    """``training.lr=3e-3`` ... as one nested mapping, each value typed by the config schema at its
-    key as ``snakemake --config`` values are (:func:`pwopsd.config.overrides.typed_overrides`)."""
-    from pwopsd.config.files import merge_configs
-    from pwopsd.config.overrides import typed_overrides
-
-    raw: dict = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--set {pair!r}: expected KEY.PATH=VALUE")
-        *parents, leaf = key.split(".")
-        node = raw
-        for k in parents:
-            node = node.setdefault(k, {})
-        node[leaf] = value
-    return typed_overrides(merge_configs(config, raw), raw)
-
-
 def run_build(seed: int, work: Path, snakemake: str, extra: dict, only: set[str] | None,
               reuse: Path | None) -> tuple[Path, float]:
     """The Table 2 part of the tiny workflow on the build of ``seed`` (its metrics files). With
@@ -135,7 +116,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from pwopsd.config import load_config
 
-    extra, only = overrides(args.settings, load_config(REPO / "tiny" / "config" / "config.yaml")), set(args.runs or ())
+    from pwopsd.config.overrides import dotted_overrides
+
+    try:
+        extra = dotted_overrides(args.settings, load_config(REPO / "tiny" / "config" / "config.yaml"))
+    except ValueError as exc:
+        raise SystemExit(f"--set {exc}") from None
+    only = set(args.runs or ())
     rows = []
     for seed in args.seeds:
         work, seconds = run_build(seed, args.work / f"seed-{seed}", args.snakemake, extra, only, args.reuse)

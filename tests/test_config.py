@@ -418,3 +418,15 @@ def test_snakemake_reads_overlays_in_its_own_order_and_a_source_of_another_kind_
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     assert "m.jsonl" in proc.stdout
+
+
+def test_dotted_overrides_nest_and_type_a_benchmarks_settings():
+    """A benchmark's --set KEY.PATH=VALUE pairs: nested, typed by the schema as --config values."""
+    from pwopsd.config import load_config
+    from pwopsd.config.overrides import dotted_overrides
+
+    cfg = load_config(REPO / "tiny" / "config" / "config.yaml")
+    assert dotted_overrides(["training.lr=3e-3", "tiny.steps=100", "training.seeds=[1, 2]"], cfg) == {
+        "training": {"lr": 0.003, "seeds": [1, 2]}, "tiny": {"steps": 100}}
+    with pytest.raises(ValueError, match="expected KEY.PATH=VALUE"):
+        dotted_overrides(["training.lr"], cfg)

