@@ -122,11 +122,13 @@ def run_shards(backend: Backend, shards: Sequence[Shard], *, group_size: int = 1
     for group in groups:
         stop_on_notice(notice, f"{done} of {len(shards)} shards saved in {group[0].file.parent}")
         results = iter(backend.generate([r for shard in group for r in shard.requests]))
+        samples = 0
         for shard in group:
-            write_parquet(_completion_rows(shard, [next(results) for _ in shard.requests], token_ids), shard.file)
+            frame = _completion_rows(shard, [next(results) for _ in shard.requests], token_ids)
+            write_parquet(frame, shard.file)
+            samples += len(frame)
         done += len(group)
-        log.info("shards %d/%d done: %d samples (%.1fs elapsed)", done, len(shards),
-                 sum(r.n for shard in group for r in shard.requests), time.time() - t0)
+        log.info("shards %d/%d done: %d samples (%.1fs elapsed)", done, len(shards), samples, time.time() - t0)
 
 
 def _completion_rows(shard: Shard, results, token_ids: bool) -> pd.DataFrame:
