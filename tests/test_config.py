@@ -430,3 +430,22 @@ def test_dotted_overrides_nest_and_type_a_benchmarks_settings():
         "training": {"lr": 0.003, "seeds": [1, 2]}, "tiny": {"steps": 100}}
     with pytest.raises(ValueError, match="expected KEY.PATH=VALUE"):
         dotted_overrides(["training.lr"], cfg)
+
+
+def test_the_learning_overlay_trains_apart_from_its_evaluation_and_has_both_controls():
+    """config/learning.yaml (issue 53) over the paper config and the rehearsal: SmolLM2 only, its
+    corpus holds out the evaluation's problems, the two broken teachers are runs of their own, and
+    Table 2's layout lists them beside OPSD and PW-OPSD Moderate."""
+    from pwopsd.config import load_config_files
+    from pwopsd.config.design import method_runs
+
+    cfg = load_config_files([REPO / "config" / n for n in ("config.yaml", "rehearsal.yaml", "learning.yaml")])
+    assert list(cfg["models"]) == ["smollm2_135m"] and list(cfg["benchmarks"]) == ["arith_oneshot"]
+    bench = cfg["benchmarks"]["arith_oneshot"]["source"]
+    held = cfg["train_corpus"]["source"]["held_out"]
+    assert [{k: h[k] for k in ("n", "levels", "seed")} for h in held] == [{k: bench[k] for k in ("n", "levels", "seed")}]
+    assert (cfg["methods"]["opsd_no_solution"]["teacher_prompt"], cfg["methods"]["opsd_teacher_student"]["teacher_prompt"]) \
+        == ("no_solution", "student")
+    assert cfg["tables"]["main"]["methods"] == ["opsd", "pwopsd_moderate", "opsd_no_solution", "opsd_teacher_student"]
+    assert all(method_runs(cfg, m) for m in cfg["tables"]["main"]["methods"])
+    assert (cfg["training"]["rollout_backend"], cfg["training"]["rollout_policy"]) == ("vllm", "merged_bf16")

@@ -139,3 +139,24 @@ def test_parquet_written_atomically_with_metadata(tmp_path):
     write_parquet(pd.DataFrame({"a": [1]}), out, metadata={"source": "x"})
     assert read_parquet_metadata(out) == {"source": "x"}
     assert [p.name for p in tmp_path.iterdir()] == ["t.parquet"]  # no temp leftovers
+
+
+def test_a_tiny_source_leaves_out_a_held_out_sources_problems():
+    """source.held_out (config/learning.yaml): the corpus draws again each problem of the held-out
+    benchmark, so the two share none; without it the problems are the ones drawn before; a space
+    too small for it is an error naming the key."""
+    from pwopsd.data import DataError, load_tiny
+
+    bench = {"kind": "tiny", "n": 48, "levels": [1], "seed": 2001, "max_operand": 9, "example": True}
+    corpus = {"kind": "tiny", "n": 300, "levels": [1], "seed": 7, "max_operand": 9}
+    plain, _ = load_tiny(corpus)
+    held = {"n": 48, "levels": [1], "seed": 2001, "max_operand": 9}
+    disjoint, meta = load_tiny({**corpus, "held_out": [held]})
+    evaluation = {p.split("Now c", 1)[1] for p in load_tiny(bench)[0]["problem"]}
+    assert len(disjoint) == 300 and meta["held_out"] == [held]
+    assert {p[1:] for p in plain["problem"]} & evaluation  # one-digit sums repeat: without it they overlap
+    assert not {p[1:] for p in disjoint["problem"]} & evaluation
+    assert plain.equals(load_tiny(corpus)[0])
+    with pytest.raises(DataError, match="held_out"):
+        load_tiny({"kind": "tiny", "n": 10, "levels": [1], "seed": 7, "max_operand": 1,
+                   "held_out": [{"n": 40, "levels": [1], "seed": 1, "max_operand": 1}]})

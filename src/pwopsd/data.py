@@ -99,8 +99,14 @@ def load_hf(source: dict, key: str, hub: dict) -> tuple[pd.DataFrame, dict]:
 def load_tiny(source: dict) -> tuple[pd.DataFrame, dict]:
     from pwopsd.tiny.arithmetic import problems_frame, sample_problems
 
-    problems = sample_problems(source["seed"], source["n"], list(source["levels"]), source.get("max_operand", 30),
-                                source.get("max_value"))
+    held_out = frozenset(p for other in source.get("held_out", [])
+                         for p in sample_problems(other["seed"], other["n"], list(other["levels"]),
+                                                  other.get("max_operand", 30), other.get("max_value")))
+    try:
+        problems = sample_problems(source["seed"], source["n"], list(source["levels"]), source.get("max_operand", 30),
+                                   source.get("max_value"), exclude=held_out)
+    except ValueError as exc:
+        raise DataError(f"source (kind tiny, seed {source['seed']}): {exc}; lower n or drop source.held_out") from None
     prefix = "arith-" + "".join(str(lv) for lv in source["levels"]) + f"-s{source['seed']}"
     frame = problems_frame(problems, prefix, source.get("solution", "worked"), example=bool(source.get("example")))
     return frame, {"kind": "tiny", **{k: source[k] for k in sorted(source) if k != "kind"}}

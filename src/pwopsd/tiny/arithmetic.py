@@ -86,10 +86,22 @@ def sample_problem(rng: np.random.Generator, level: int, max_operand: int, max_v
     return ArithmeticProblem(tuple(operands), tuple(ops))
 
 
-def sample_problems(seed: int, n: int, levels: list[int], max_operand: int, max_value: int | None = None) -> list[ArithmeticProblem]:
-    """``n`` problems with levels cycled in equal shares, deterministically from ``seed``."""
+def sample_problems(seed: int, n: int, levels: list[int], max_operand: int, max_value: int | None = None,
+                    exclude: frozenset[ArithmeticProblem] = frozenset()) -> list[ArithmeticProblem]:
+    """``n`` problems with levels cycled in equal shares, deterministically from ``seed``; a problem
+    in ``exclude`` (a held-out set) is drawn again (without it, the stream is the same)."""
     rng = np.random.default_rng(seed)
-    return [sample_problem(rng, levels[i % len(levels)], max_operand, max_value) for i in range(n)]
+    out: list[ArithmeticProblem] = []
+    for _ in range(100 * n):
+        if len(out) == n:
+            break
+        problem = sample_problem(rng, levels[len(out) % len(levels)], max_operand, max_value)
+        if problem not in exclude:
+            out.append(problem)
+    if len(out) < n:
+        raise ValueError(f"only {len(out)} of {n} problems found outside the {len(exclude)} held out "
+                         f"(levels {levels}, max_operand {max_operand}): too few distinct problems")
+    return out
 
 
 # The worked example of a one-shot problem (``example=True``), a fixed problem of level 1.
