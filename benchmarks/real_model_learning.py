@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -64,10 +65,12 @@ def run(work: Path, configs: list[Path], runs: list[str], snakemake: Path) -> fl
     names = ["base", *(r for m in runs for r in method_runs(cfg, m))]
     targets = [f"results/metrics/{MODEL}/{c}/{b}/seed-{s}.json" for c in names for b in cfg["benchmarks"]
                for s in cfg["evaluation"]["seeds"]]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}  # the vLLM environment's own
+    env["HF_HUB_OFFLINE"] = "1"
     t0 = time.time()
     proc = subprocess.run([str(snakemake), "-s", str(REPO / "Snakefile"), "--directory", str(work), "--cores", "2",
                            *targets, "--configfile", *map(str, configs), "--quiet", "progress"],
-                          cwd=work, capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+                          cwd=work, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"snakemake failed ({work}):\n{proc.stderr[-4000:]}")
     return time.time() - t0
