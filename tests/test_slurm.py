@@ -21,6 +21,7 @@ import os
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -478,15 +479,47 @@ def _requeue_now(jobid, cluster):
     while time.time() < deadline and not subprocess.run(
             ["squeue", "-h", "-j", jobid, "-o", "%T"], env=env, capture_output=True, text=True).stdout.startswith("PENDING"):
         time.sleep(0.2)
-    # The first run's processes may outlive its PENDING state (its step gets KillWait to end): the
-    # next run starts once they are gone and slurmd has finished the run's batch script ("done with
-    # job", in its log), and a few seconds more, as on a cluster, where a requeued job waits ~2
-    # minutes. Released beside them, the next run once failed at once with exit 1 on a loaded
-    # host, and once (CI of 8e2bef5) failed to launch (no output): Snakemake then resubmitted it.
-    while time.time() < deadline and (_job_pids(jobid, env) or _slurmd_done_lines(slurmd_log, jobid) <= done_before):
+    # The first run's processes may outlive its PENDING state (its step gets KillWait to end), and
+    # the test Slurm tracks processes by parentage (proctrack/linuxproc: no cgroups here), so the
+    # first run's own Snakemake, stuck after the SIGTERM, was left running as an orphan (CI of
+    # b964458: two, 45 minutes after their jobs). A cluster's proctrack/cgroup kills every process
+    # of the job: so does this, by the job id in their environment. The next run starts once they
+    # are gone and slurmd has finished the run's batch script ("done with job", in its log), and a
+    # few seconds more, as on a cluster, where a requeued job waits ~2 minutes. Released beside
+    # them, the next run once failed at once with exit 1 on a loaded host, and once (CI of 8e2bef5)
+    # failed to launch (no output): Snakemake then resubmitted it.
+    while time.time() < deadline:
+        leftovers = _job_processes(jobid, cluster.cluster)
+        for pid in leftovers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if not leftovers and not _job_pids(jobid, env) and _slurmd_done_lines(slurmd_log, jobid) > done_before:
+            break
         time.sleep(0.2)
     time.sleep(3)
     subprocess.run(["scontrol", "update", f"JobId={jobid}", "StartTime=now"], env=env, check=True, capture_output=True)
+
+
+def _job_processes(jobid: str, cluster_name: str) -> list[int]:
+    """This node's processes of the test cluster's job ``jobid`` by their environment
+    (``SLURM_JOB_ID`` and ``SLURM_CLUSTER_NAME``: a host that itself runs in a Slurm job has another
+    cluster's), Slurm's own step daemons left out: what a cgroup would hold."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes()
+            command = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        environ = b"\0" + environ + b"\0"
+        if (f"\0SLURM_JOB_ID={jobid}\0".encode() in environ and f"\0SLURM_CLUSTER_NAME={cluster_name}\0".encode() in environ
+                and not command.startswith(b"slurmstepd") and int(proc.name) != os.getpid()):
+            found.append(int(proc.name))
+    return found
 
 
 def _slurmd_done_lines(log: Path, jobid: str) -> int:
