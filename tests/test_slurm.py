@@ -475,7 +475,8 @@ def _requeue_now(jobid, cluster):
     slurmd_log = cluster.root / "log" / "slurmd.log"
     done_before = _slurmd_done_lines(slurmd_log, jobid)
     subprocess.run(["scontrol", "requeue", jobid], env=env, check=True, capture_output=True)
-    deadline = time.time() + 120
+    requeued_at = time.time()
+    deadline = requeued_at + 120
     while time.time() < deadline and not subprocess.run(
             ["squeue", "-h", "-j", jobid, "-o", "%T"], env=env, capture_output=True, text=True).stdout.startswith("PENDING"):
         time.sleep(0.2)
@@ -483,20 +484,24 @@ def _requeue_now(jobid, cluster):
     # the test Slurm tracks processes by parentage (proctrack/linuxproc: no cgroups here), so the
     # first run's own Snakemake, stuck after the SIGTERM, was left running as an orphan (CI of
     # b964458: two, 45 minutes after their jobs). A cluster's proctrack/cgroup kills every process
-    # of the job: so does this, by the job id in their environment. The next run starts once they
+    # of the job once its steps end: so does this, by the job id in their environment, once Slurm's
+    # own processes of the run are gone (a training saves its step on the SIGTERM). The next run starts once they
     # are gone and slurmd has finished the run's batch script ("done with job", in its log), and a
     # few seconds more, as on a cluster, where a requeued job waits ~2 minutes. Released beside
     # them, the next run once failed at once with exit 1 on a loaded host, and once (CI of 8e2bef5)
     # failed to launch (no output): Snakemake then resubmitted it.
-    while time.time() < deadline:
-        leftovers = _job_processes(jobid, cluster.cluster)
+    # First the run's own end (a training saves its step on the SIGTERM), then the orphans.
+    while time.time() < deadline and (_job_pids(jobid, env) or _slurmd_done_lines(slurmd_log, jobid) <= done_before):
+        time.sleep(0.2)
+    # Slurm's KillWait (30 s) after the SIGTERM, then SIGKILL, as a cgroup's processes get
+    while time.time() < requeued_at + 30 and _job_processes(jobid, cluster.cluster):
+        time.sleep(0.2)
+    while time.time() < deadline and (leftovers := _job_processes(jobid, cluster.cluster)):
         for pid in leftovers:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        if not leftovers and not _job_pids(jobid, env) and _slurmd_done_lines(slurmd_log, jobid) > done_before:
-            break
         time.sleep(0.2)
     time.sleep(3)
     subprocess.run(["scontrol", "update", f"JobId={jobid}", "StartTime=now"], env=env, check=True, capture_output=True)
