@@ -99,12 +99,13 @@ def load_hf(source: dict, key: str, hub: dict) -> tuple[pd.DataFrame, dict]:
 def load_tiny(source: dict) -> tuple[pd.DataFrame, dict]:
     from pwopsd.tiny.arithmetic import problems_frame, sample_problems
 
-    held_out = frozenset(p for other in source.get("held_out", [])
-                         for p in sample_problems(other["seed"], other["n"], list(other["levels"]),
-                                                  other.get("max_operand", 30), other.get("max_value")))
+    def problems_of(spec: dict, exclude=frozenset()):
+        return sample_problems(spec["seed"], spec["n"], list(spec["levels"]), spec.get("max_operand", 30),
+                               spec.get("max_value"), exclude=exclude)
+
+    held_out = frozenset(p for other in source.get("held_out", []) for p in problems_of(other))
     try:
-        problems = sample_problems(source["seed"], source["n"], list(source["levels"]), source.get("max_operand", 30),
-                                   source.get("max_value"), exclude=held_out)
+        problems = problems_of(source, held_out)
     except ValueError as exc:
         raise DataError(f"source (kind tiny, seed {source['seed']}): {exc}; lower n or drop source.held_out") from None
     prefix = "arith-" + "".join(str(lv) for lv in source["levels"]) + f"-s{source['seed']}"
