@@ -485,12 +485,11 @@ def _requeue_now(jobid, cluster):
     # first run's own Snakemake, stuck after the SIGTERM, was left running as an orphan (CI of
     # b964458: two, 45 minutes after their jobs). A cluster's proctrack/cgroup kills every process
     # of the job once its steps end: so does this, by the job id in their environment, once Slurm's
-    # own processes of the run are gone (a training saves its step on the SIGTERM). The next run starts once they
-    # are gone and slurmd has finished the run's batch script ("done with job", in its log), and a
+    # own processes of the run are gone (a training saves its step on the SIGTERM) and KillWait has
+    # passed. The next run starts once they are gone and slurmd has finished the run's batch script ("done with job", in its log), and a
     # few seconds more, as on a cluster, where a requeued job waits ~2 minutes. Released beside
     # them, the next run once failed at once with exit 1 on a loaded host, and once (CI of 8e2bef5)
     # failed to launch (no output): Snakemake then resubmitted it.
-    # First the run's own end (a training saves its step on the SIGTERM), then the orphans.
     while time.time() < deadline and (_job_pids(jobid, env) or _slurmd_done_lines(slurmd_log, jobid) <= done_before):
         time.sleep(0.2)
     # Slurm's KillWait (30 s) after the SIGTERM, then SIGKILL, as a cgroup's processes get
