@@ -1,7 +1,9 @@
 """What tiny mode's exact CPU matrix products (``cpu_matmul: exact``, ``pwopsd.exact_matmul``) cost
 against torch's own (MKL ``sgemm``), at the tiny model's shapes: a decoding step's products (a
 batch of rows), a training step's (a batch of sequences, forward and backward), and the whole of a
-pretraining step of the tiny model. Ratios exact/native from the minimum of interleaved repeats.
+pretraining step of the tiny model; the exact products with their rounding by torch's operations and
+by the compiled kernel (``pwopsd.exact_kernel``, the same bits). Ratios to native from the minimum
+of interleaved repeats.
 
     python benchmarks/exact_matmul.py            # --repeats 5 --threads 1
 """
@@ -9,6 +11,7 @@ pretraining step of the tiny model. Ratios exact/native from the minimum of inte
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import types
@@ -18,7 +21,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from pwopsd import exact_kernel as K  # noqa: E402
 from pwopsd import exact_matmul as X  # noqa: E402
+
+MODES = ("native", "exact, torch rounding", "exact, compiled rounding")
+
+
+def use(mode: str) -> None:
+    if mode == "native":
+        X.uninstall()
+        return
+    os.environ[K.ENV] = "c" if "compiled" in mode else "torch"
+    K._state.clear()
+    X.install()
 
 # (rows M, inner K, columns N) of the tiny model's products: hidden 128, MLP 384, vocabulary 502.
 SHAPES = {
@@ -65,19 +80,19 @@ def main(argv=None) -> int:
     cases = {name: (lambda a, b: (lambda: a @ b))(torch.randn(m, k, generator=g), torch.randn(k, n, generator=g))
              for name, (m, k, n) in SHAPES.items()}
     cases["pretraining: 3 steps of the tiny model"] = pretraining_step()
-    best = {(name, mode): float("inf") for name in cases for mode in ("native", "exact")}
-    for _ in range(args.repeats):  # interleaved: native and exact side by side in every repeat
+    best = {(name, mode): float("inf") for name in cases for mode in MODES}
+    for _ in range(args.repeats):  # interleaved: every mode side by side in every repeat
         for name, fn in cases.items():
             number = 1 if name.startswith("pretraining") else 20
-            for mode in ("native", "exact"):
-                (X.install if mode == "exact" else X.uninstall)()
+            for mode in MODES:
+                use(mode)
                 best[name, mode] = min(best[name, mode], timed(fn, number))
     X.uninstall()
     print(f"exact vs native CPU matrix products, {args.threads} thread(s), min of {args.repeats} interleaved repeats")
-    print(f"{'case':42s} {'native':>10s} {'exact':>10s} {'ratio':>7s}")
+    print(f"{'case':42s} {'native':>10s} {'exact, torch':>13s} {'exact, compiled':>16s} {'compiled / torch':>17s}")
     for name in cases:
-        n, e = best[name, "native"], best[name, "exact"]
-        print(f"{name:42s} {n * 1e3:8.2f} ms {e * 1e3:8.2f} ms {e / n:6.2f}x")
+        n, t, c = (best[name, m] for m in MODES)
+        print(f"{name:42s} {n * 1e3:7.2f} ms {t / n:12.2f}x {c / n:15.2f}x {c / t:16.2f}x")
     return 0
 
 

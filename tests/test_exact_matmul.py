@@ -17,13 +17,17 @@ import pytest
 import torch
 
 from conftest import REPO
+from pwopsd import exact_kernel as K
 from pwopsd import exact_matmul as X
 
 
-@pytest.fixture
-def exact():
+@pytest.fixture(params=["c", "torch"])
+def exact(request, monkeypatch):
+    """The exact products installed, their rounding by the compiled kernel or by torch's path."""
+    monkeypatch.setenv(K.ENV, request.param)
+    monkeypatch.setattr(K, "_state", {})
     X.install()
-    yield
+    yield request.param
     X.uninstall()
 
 
@@ -106,8 +110,8 @@ def test_reused_weight_roundings_give_the_same_bits_and_follow_an_in_place_chang
     in-place change of the parameter is rounded again; activations are never cached; the cache goes
     with the context."""
     calls = []
-    rounded = X.rounded64
-    monkeypatch.setattr(X, "rounded64", lambda x, dim, beta: calls.append(dim) or rounded(x, dim, beta))
+    rounded = X._rounded
+    monkeypatch.setattr(X, "_rounded", lambda x, dim, beta: calls.append(dim) or rounded(x, dim, beta))
     g = torch.Generator().manual_seed(2)
     lin = torch.nn.Linear(16, 8)
     x, y = torch.randn(5, 16, generator=g), torch.randn(3, 7, 16, generator=g)
@@ -124,6 +128,53 @@ def test_reused_weight_roundings_give_the_same_bits_and_follow_an_in_place_chang
         assert X._weights is None
         assert all(torch.equal(a, b) for a, b in zip(plain, cached))
         assert torch.equal(changed, lin(x))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int64)
+
+
+def test_the_compiled_rounding_gives_torchs_bits_in_every_layout_and_at_special_values(monkeypatch):
+    """pwopsd.exact_kernel is a matter of speed only: its rounding equals rounded64's bit for bit
+    (NaN, infinities, signed zeros, subnormals, float32's extremes, ties), for left and right
+    factors, batches, transposed and strided views; a machine with a C compiler builds it."""
+    monkeypatch.setenv(K.ENV, "c")
+    monkeypatch.setattr(K, "_state", {})
+    assert K.available(), "the compiled rounding did not build, though a C compiler is here"
+    g = torch.Generator().manual_seed(5)
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-45, -1e-40, 3.4e38, -3.4e38,
+                            0.5, 1.5, 2.5, -2.5, 2.0 ** -20 * 3, 1.0 + 2.0 ** -23])
+    checked = 0
+    for shape in [(1, 1), (1, 9), (9, 1), (32, 128), (128, 384), (3, 5, 7), (2, 1, 33), (4, 16, 1)]:
+        x = torch.randn(shape, generator=g) * torch.logspace(-38, 38, shape[-1]).clamp(max=1e30)
+        flat = x.view(-1)
+        picks = torch.randint(0, flat.numel(), (min(flat.numel() // 3, len(special)),), generator=g)
+        flat[picks] = special[: len(picks)]
+        views = [x, x.transpose(-1, -2), x[..., ::2], x.transpose(-1, -2)[..., ::2]]
+        for view in views:
+            for dim in (-1, -2):
+                for beta in (12, 20, 26):
+                    fast = K.rounded64(view, dim, beta)
+                    assert fast is not None and fast.shape == view.shape
+                    assert torch.equal(_bits(fast), _bits(X.rounded64(view, dim, beta))), (shape, view.stride(), dim, beta)
+                    checked += 1
+    assert checked == 8 * 4 * 2 * 3
+    assert K.rounded64(torch.randn(3, 3, dtype=torch.float64), -1, 20) is None  # other dtypes: torch's path
+
+
+def test_the_compiled_rounding_can_be_turned_off_and_a_bad_setting_is_named(monkeypatch, tmp_path):
+    monkeypatch.setattr(K, "_state", {})
+    monkeypatch.setenv(K.ENV, "torch")
+    assert not K.available() and K.rounded64(torch.ones(2, 2), -1, 20) is None
+    monkeypatch.setenv(K.ENV, "fast")
+    with pytest.raises(ValueError, match=K.ENV):
+        K.available()
+    # a compiler that fails: a warning, and the torch path (same bits)
+    monkeypatch.setenv(K.ENV, "c")
+    monkeypatch.setenv(K.DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("CC", "false")
+    with pytest.warns(RuntimeWarning, match="did not build"):
+        assert not K.available()
 
 
 def test_uninstall_gives_torch_its_products_back():

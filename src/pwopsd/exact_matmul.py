@@ -41,6 +41,8 @@ import os
 
 import torch
 
+from pwopsd import exact_kernel
+
 ENV = "PWOPSD_CPU_MATMUL"  # "exact": the jobs of a run install the exact products (set by the pin)
 MANTISSA_BITS = 53  # float64
 _OPS = ("mm", "addmm", "bmm", "baddbmm")
@@ -82,7 +84,7 @@ def exact_product64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     magnitudes is at most ``2**53`` such units: every partial sum is exact, in any order, and the
     product needs no scaling afterwards."""
     beta = integer_bits(a.shape[-1])
-    ra, rb = rounded64(a, -1, beta), _rounded_right(b, beta)
+    ra, rb = _rounded(a, -1, beta), _rounded_right(b, beta)
     out = torch.empty(ra.shape[:-1] + rb.shape[-1:], dtype=torch.float64)
     if a.dim() == 2:
         return torch.ops.aten.mm.out(ra, rb, out=out)
@@ -109,6 +111,13 @@ def reuse_weights():
             _weights = None
 
 
+def _rounded(x: torch.Tensor, dim: int, beta: int) -> torch.Tensor:
+    """:func:`rounded64`, by the compiled kernel where it applies (:mod:`pwopsd.exact_kernel`: the
+    same bits, in one pass)."""
+    fast = exact_kernel.rounded64(x, dim, beta)
+    return fast if fast is not None else rounded64(x, dim, beta)
+
+
 def _rounded_right(b: torch.Tensor, beta: int) -> torch.Tensor:
     """``rounded64(b, -2, beta)``, from the cache of :func:`reuse_weights` when ``b`` is a parameter."""
     cache = _weights
@@ -119,9 +128,9 @@ def _rounded_right(b: torch.Tensor, beta: int) -> torch.Tensor:
             hit = cache.get(key)
             if hit is None:
                 # the entry holds the parameter: its id and memory cannot be another's while cached
-                hit = cache[key] = (base, rounded64(b, -2, beta))
+                hit = cache[key] = (base, _rounded(b, -2, beta))
             return hit[1]
-    return rounded64(b, -2, beta)
+    return _rounded(b, -2, beta)
 
 
 def _routed(*tensors) -> bool:
