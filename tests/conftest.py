@@ -12,6 +12,7 @@ BENCHMARKS = SHARED / "data" / "benchmarks"
 SPEC = SHARED / "spec"
 
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "tools"))  # developer tools the tests import (stacks)
 
 # tests/vllm_cpu executes vLLM: collected only where it is importable (the CPU vLLM environment,
 # which tests/test_vllm_cpu.py builds and runs them in).
@@ -62,7 +63,7 @@ def _ask_index() -> bool:
     if "ok" not in _INDEX:
         import subprocess
 
-        from pwopsd.stacks import StackError, uv_executable
+        from stacks import StackError, uv_executable
 
         try:
             proc = subprocess.run([uv_executable(), "pip", "compile", "--quiet", "--no-header", "-"], input="six==1.16.0\n",

