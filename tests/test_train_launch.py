@@ -126,6 +126,7 @@ def _rerun_equals(uninterrupted, args, base, name):
     assert [json.loads(x)["step"] for x in open(args["log_out"])] == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.heavy  # fault injection and resumes of two-process runs: CI, not the fast tier
 def test_a_killed_two_process_run_resumes_to_the_same_adapter(base, uninterrupted):
     args, proc, first = _launch_2_in_background(base, "killed")
     tree = _signal_job(proc, signal.SIGKILL)
@@ -137,6 +138,7 @@ def test_a_killed_two_process_run_resumes_to_the_same_adapter(base, uninterrupte
     _rerun_equals(uninterrupted, args, base, "killed")
 
 
+@pytest.mark.heavy  # fault injection and resumes of two-process runs: CI, not the fast tier
 def test_a_notice_to_a_two_process_run_stops_both_ranks_after_one_step_and_the_rerun_is_bit_identical(base, uninterrupted):
     """SIGTERM to every process of the job (as Slurm's time limit, preemption or the profile's
     warning sends it) once step 2 is saved: torchrun passes it on, both ranks finish the same step,
@@ -153,6 +155,7 @@ def test_a_notice_to_a_two_process_run_stops_both_ranks_after_one_step_and_the_r
     _rerun_equals(uninterrupted, args, base, "notice")
 
 
+@pytest.mark.heavy  # fault injection and resumes of two-process runs: CI, not the fast tier
 def test_a_two_process_run_that_loses_one_rank_fails_and_the_rerun_is_bit_identical(base, uninterrupted):
     """SIGKILL to rank 1 alone once step 2 is saved (a lost GPU, the kernel's OOM killer): torchrun
     ends rank 0, the job fails (not the notice status: nothing was saved on the way out) and leaves no
@@ -174,6 +177,7 @@ def test_a_two_process_run_that_loses_one_rank_fails_and_the_rerun_is_bit_identi
     _rerun_equals(uninterrupted, args, base, "rank_lost")
 
 
+@pytest.mark.heavy  # fault injection and resumes of two-process runs: CI, not the fast tier
 def test_a_two_process_run_with_lora_dropout_resumes_each_rank_from_its_own_rng_state_bit_for_bit(base):
     """LoRA dropout 0.05 (the paper's value) in 2 processes: each rank draws its masks from its own
     generator, and the two ranks' generators are at different points at a checkpoint (they draw
