@@ -6,8 +6,10 @@ every step, OPSD and PW-OPSD Moderate with the privileged teacher, and the two b
 (``opsd_no_solution``: the teacher prompt without the solution; ``opsd_teacher_student``: the
 student's own prompt), each evaluated on the held-out one-shot problems with the workflow's own
 evaluation. Prints each run's Avg@n gain over the base model with its paired 95% interval
-(``pwopsd.report.significance.gains_over_base``), its steps and wall time, and the rollouts' tokens
-per second.
+(``pwopsd.report.significance.gains_over_base``), its steps and wall time, the rollouts' tokens per
+second, and the median seconds of each part of the engine's weight sync (after step 1) with the
+speed the merged weights were written at (what the cost plan's ``merged_sync_s_per_b_params``
+prices).
 
     python benchmarks/real_model_learning.py [--work /tmp/pwopsd-learning] [--runs opsd] \\
         [--set training.lr=1e-4 ...]
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 import yaml
 
@@ -89,14 +92,20 @@ def table(work: Path, configs: list[Path], runs: list[str], seconds: float) -> l
     gains = gains_over_base(summaries, MODEL, names, benchmarks)
     out = [f"config: {', '.join(p.name for p in configs)}; lr {cfg['training']['lr']}, {cfg['training']['stop_at']} steps "
            f"of {cfg['training']['effective_batch']} rollouts; {seconds / 60:.1f} min in all",
-           "| run | gain over base, Avg@n (95% interval) | rollout tokens/s |", "|---|---|---|"]
+           "| run | gain over base, Avg@n (95% interval) | steps | step s | rollout tokens/s | sync s: merge / write / reload / check | sync write GB/s |",
+           "|---|---|---|---|---|---|---|"]
     for name in names:
         logs = list((work / f"results/training/{MODEL}/{name}/checkpoints").glob("*/train_log.jsonl"))
         rows = [json.loads(line) for log in logs for line in log.read_text().splitlines()]
         tokens = sum(r["rollout_length"] * cfg["training"]["effective_batch"] for r in rows)
         rate = tokens / max(1e-9, sum(r.get("rollout_seconds", 0.0) for r in rows))
+        later = rows[1:] or rows  # the first step also starts the engine
+        part = lambda key: median([r.get(f"sync_{key}_seconds", float("nan")) for r in later])  # noqa: E731
+        written = sum(r.get("sync_bytes", 0.0) for r in later) / max(1e-9, sum(r.get("sync_write_seconds", 0.0) for r in later))
         c = gains[name]
-        out.append(f"| {name} | {c.delta:+.1f} [{c.low:+.1f}, {c.high:+.1f}] | {rate:.0f} |")
+        out.append(f"| {name} | {c.delta:+.1f} [{c.low:+.1f}, {c.high:+.1f}] | {len(rows)} | {median([r['seconds'] for r in later]):.1f} "
+                   f"| {rate:.0f} | {part('merge'):.2f} / {part('write'):.2f} / {part('reload'):.2f} / {part('check'):.2f} "
+                   f"| {written / 1e9:.2f} |")
     return out
 
 

@@ -52,8 +52,8 @@ def finished(args: dict) -> dict:
     optimizer state, the step log without its timings."""
     work = Path(args["work_dir"])
     state = torch.load(sorted(work.glob("step-*/trainer_state.pt"))[-1], weights_only=False)
-    timing = ("seconds", "rollout_seconds", "sync_seconds")
-    log = [{k: v for k, v in json.loads(line).items() if k not in timing} for line in Path(args["log_out"]).read_text().splitlines()]
+    log = [{k: v for k, v in json.loads(line).items() if not k.endswith("seconds")}  # timings: the step's and its parts'
+           for line in Path(args["log_out"]).read_text().splitlines()]
     return {"adapter": {f.name: f.read_bytes() for f in sorted(Path(args["adapter_out"]).iterdir())},
             "optimizer": state["optimizer"], "step": state["step"], "log": log}
 

@@ -251,34 +251,51 @@ class VLLMRollouts:
         self.policy = check_policy(policy)
         self.probe = probe
         self._current: Path | None = None
+        self.phases: dict[str, float] = {}
 
     def sync(self, peft_model, step: int) -> float:
-        """Feed the engine the current policy; returns the seconds spent. ``adapter``: save the
-        adapter and point the engine at it under a new adapter id (the previous step's folder is
-        removed: the engine holds the weights it loaded). ``merged_bf16``: write the merged weights
-        into the engine's model folder and have the engine reload them (prefix cache reset)."""
+        """Feed the engine the current policy; returns the seconds spent, and keeps each part's in
+        :attr:`phases` (``merge``, ``write``, ``reload``, ``check``; the written ``bytes``), which the
+        step log records (the cost plan's ``merged_sync_s_per_b_params`` is priced from them).
+        ``adapter``: save the adapter and point the engine at it under a new adapter id (the
+        previous step's folder is removed: the engine holds the weights it loaded).
+        ``merged_bf16``: write the merged weights into the engine's model folder and have the
+        engine reload them (prefix cache reset)."""
         t0 = time.perf_counter()
+        phases: dict[str, float] = {}
         if self.policy == "merged_bf16":
             from safetensors.torch import save_file
 
             weights = merged_bf16_state_dict(peft_model, device=None)  # where the model is: fingerprinted there
             fingerprint = weights_fingerprint(weights.values()) if self.probe is not None else None
-            with atomic_path(self.sync_dir / "policy" / "model.safetensors") as tmp:
+            phases["merge"] = time.perf_counter() - t0
+            target = self.sync_dir / "policy" / "model.safetensors"
+            with atomic_path(target) as tmp:
                 save_file({k: v.to("cpu").contiguous() for k, v in weights.items()}, str(tmp),
                           metadata={"format": "pt", "step": str(step)})
+            phases["write"] = time.perf_counter() - t0 - phases["merge"]
+            phases["bytes"] = float(target.stat().st_size)
+            t1 = time.perf_counter()
             self.backend.reload_weights()
+            phases["reload"] = time.perf_counter() - t1
         else:
             path = self.sync_dir / f"step-{step:06d}"
             with atomic_path(path) as tmp:
                 peft_model.save_pretrained(tmp)
+            phases["write"] = time.perf_counter() - t0
+            t1 = time.perf_counter()
             self.backend.use_adapter(path)
             if self._current is not None and self._current != path:
                 shutil.rmtree(self._current, ignore_errors=True)
             self._current = path
             lora = [p for n, p in peft_model.named_parameters() if ".lora_" in n]
             fingerprint = weights_fingerprint(lora) if self.probe is not None else None
+            phases["reload"] = time.perf_counter() - t1
         if self.probe is not None:
+            t1 = time.perf_counter()
             self.probe.check(step, fingerprint, self.backend.probe(self.probe.ids), policy_logprobs(peft_model, self.probe.ids))
+            phases["check"] = time.perf_counter() - t1
+        self.phases = phases
         return time.perf_counter() - t0
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
