@@ -165,7 +165,8 @@ def test_every_training_and_method_key_reaches_the_trainer(paper):
                       "resume_across_code_changes": "workflow/scripts/train.py, from the config (switching it reruns nothing)",
                       "rollout_sync_dir": "workflow/scripts/train.py, from the config (a speed setting)",
                       "rollout_check": "the rollout engine's settings (rollout_engine.check)",
-                      "rollout_max_model_len": "the rollout engine's settings (rollout_engine.max_model_len)"}
+                      "rollout_max_model_len": "the rollout engine's settings (rollout_engine.max_model_len)",
+                      "teacher_transition": "the trainer's teacher_transition, emitted only when false (tested below)"}
     schema = load_schema()
     cfg = validate_config(paper)
     run = training_config(cfg, "qwen3_4b", "pwopsd_moderate")
@@ -184,11 +185,15 @@ def test_every_training_and_method_key_reaches_the_trainer(paper):
     assert set(method) - {"label", "schedule_from", "seeds", "teacher_prompt"} == set(into)
     assert training_config(cfg, "qwen3_4b", "pwopsd_fitted")["loss"] == {"reduction": "per_sequence"}  # no hand-picked w_min/tau/s
     assert all(into[k] in run for k in into)
-    # every trainer setting comes from the config; teacher_prompt only for an ablation (its default is the paper's)
-    assert {f.name for f in fields(TrainConfig)} == set(run) | {"teacher_prompt"}
-    assert [f.name for f in fields(TrainConfig) if f.default is not MISSING] == ["teacher_prompt"]
+    # every trainer setting comes from the config; teacher_prompt only for an ablation, teacher_transition
+    # only when off (their defaults are the paper's, so the paper's run keys did not move)
+    assert {f.name for f in fields(TrainConfig)} == set(run) | {"teacher_prompt", "teacher_transition"}
+    assert [f.name for f in fields(TrainConfig) if f.default is not MISSING] == ["teacher_prompt", "teacher_transition"]
     ablation = validate_config({**paper, "methods": {**paper["methods"], "x": {"loss": "opsd", "teacher_prompt": "student"}}})
     assert training_config(ablation, "qwen3_4b", "x")["teacher_prompt"] == "student"
+    plain = validate_config({**paper, "training": {**paper["training"], "teacher_transition": False}})
+    assert training_config(plain, "qwen3_4b", "opsd")["teacher_transition"] is False
+    assert "teacher_transition" not in training_config(cfg, "qwen3_4b", "opsd")
     assert all(f.default_factory is MISSING for f in fields(TrainConfig))  # no second default
     tweaked = copy.deepcopy(cfg)
     tweaked["training"].update(chunk_size=7, rollout_batch_size=9)

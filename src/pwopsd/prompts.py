@@ -72,9 +72,17 @@ def student_message(problem: str) -> str:
     return STUDENT_TRAIN_TEMPLATE.replace("{problem}", problem)
 
 
-def teacher_message(problem: str, solution: str) -> str:
+# The privileged template without its transition paragraph (training.teacher_transition: false): the
+# reference solution, then the boxed instruction. Beyond the paper, for small models: SmolLM2-135M
+# continues the transition's "explore different approaches" by rambling, and from the paper's
+# template boxes a right answer less often than from the student's own prompt (docs/rehearsal.md).
+TEACHER_PLAIN_TEMPLATE = TEACHER_TRAIN_TEMPLATE.replace(TEACHER_TRANSITION + "\n", "\n")
+
+
+def teacher_message(problem: str, solution: str, *, transition: bool = True) -> str:
+    template = TEACHER_TRAIN_TEMPLATE if transition else TEACHER_PLAIN_TEMPLATE
     # Substitute the solution first so that a "{problem}" inside a solution text stays literal.
-    return TEACHER_TRAIN_TEMPLATE.replace("{solution}", solution).replace("{problem}", problem, 1)
+    return template.replace("{solution}", solution).replace("{problem}", problem, 1)
 
 
 def diagnostic_teacher_message(problem: str, answer: str) -> str:

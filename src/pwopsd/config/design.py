@@ -240,6 +240,8 @@ def training_config(cfg: dict, model: str, run: str) -> dict:
         "deterministic": tr["deterministic"],
         # an ablation only (the default, privileged, is TrainConfig's: existing runs keep their params)
         **({"teacher_prompt": meth["teacher_prompt"]} if meth["teacher_prompt"] != "privileged" else {}),
+        # beyond the paper (small models): the same, so the paper's run keys stay as they were
+        **({"teacher_transition": False} if not tr["teacher_transition"] else {}),
     }
 
 

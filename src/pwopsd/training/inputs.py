@@ -50,6 +50,9 @@ class TrainConfig:
     # with a default: the config emits it only for an ablation, so the paper's runs keep their
     # params and run keys (adding it reran and restarted nothing).
     teacher_prompt: str = "privileged"
+    # training.teacher_transition: false leaves the paper template's transition paragraph out (beyond
+    # the paper, for small models). Emitted only when false, so the paper's run keys stay as they were.
+    teacher_transition: bool = True
 
     @property
     def last_step(self) -> int:
@@ -65,16 +68,17 @@ class TrainConfig:
 TEACHER_PROMPTS = ("privileged", "no_solution", "student")
 
 
-def teacher_message_for(example, teacher_prompt: str) -> str:
+def teacher_message_for(example, teacher_prompt: str, *, transition: bool = True) -> str:
     """The teacher's user message of a training example (``methods.<m>.teacher_prompt``):
     ``privileged``, the paper's, quotes the reference solution; ``no_solution`` is the same template
     with the solution left empty (the teacher knows nothing the student does not); ``student``
     (handled by the trainer) is the student's own prompt, so teacher = student. The last two are
-    ablations: without the privileged solution, self-distillation has nothing to teach."""
+    ablations: without the privileged solution, self-distillation has nothing to teach.
+    ``transition``: the paper template's transition paragraph (``training.teacher_transition``)."""
     if teacher_prompt == "privileged":
-        return prompts.teacher_message(example.problem, example.solution)
+        return prompts.teacher_message(example.problem, example.solution, transition=transition)
     if teacher_prompt == "no_solution":
-        return prompts.teacher_message(example.problem, "")
+        return prompts.teacher_message(example.problem, "", transition=transition)
     raise ValueError(f"teacher_prompt must be one of {', '.join(TEACHER_PROMPTS)}; got {teacher_prompt!r}")
 
 

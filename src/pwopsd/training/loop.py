@@ -147,7 +147,7 @@ class Trainer:
             tokenizer, prompts.student_message(e.problem), prompts.STUDENT, think_closure=think_closure,
             add_special_tokens=add_special_tokens), examples)
         self.teacher_ids = (self.student_ids if cfg.teacher_prompt == "student" else PromptIds(lambda e: prompts.prompt_ids(
-            tokenizer, teacher_message_for(e, cfg.teacher_prompt), prompts.TEACHER,
+            tokenizer, teacher_message_for(e, cfg.teacher_prompt, transition=cfg.teacher_transition), prompts.TEACHER,
             add_special_tokens=add_special_tokens), examples))
         self.device = next(self.model.parameters()).device
         # The rollout engine (pwopsd.generation.rollout): by default the live model; the train job
