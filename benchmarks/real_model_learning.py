@@ -92,7 +92,7 @@ def table(work: Path, configs: list[Path], runs: list[str], seconds: float) -> l
     gains = gains_over_base(summaries, MODEL, names, benchmarks)
     out = [f"config: {', '.join(p.name for p in configs)}; lr {cfg['training']['lr']}, {cfg['training']['stop_at']} steps "
            f"of {cfg['training']['effective_batch']} rollouts; {seconds / 60:.1f} min in all",
-           "| run | gain over base, Avg@n (95% interval) | steps | step s | rollout tokens/s | sync s: merge / write / reload / check | sync write GB/s |",
+           "| run | gain over base, Avg@n (95% interval) | steps | step s | rollout tokens/s | sync s: merge / write / engine reload and probe / check | sync write GB/s |",
            "|---|---|---|---|---|---|---|"]
     for name in names:
         logs = list((work / f"results/training/{MODEL}/{name}/checkpoints").glob("*/train_log.jsonl"))
@@ -104,7 +104,7 @@ def table(work: Path, configs: list[Path], runs: list[str], seconds: float) -> l
         written = sum(r.get("sync_bytes", 0.0) for r in later) / max(1e-9, sum(r.get("sync_write_seconds", 0.0) for r in later))
         c = gains[name]
         out.append(f"| {name} | {c.delta:+.1f} [{c.low:+.1f}, {c.high:+.1f}] | {len(rows)} | {median([r['seconds'] for r in later]):.1f} "
-                   f"| {rate:.0f} | {part('merge'):.2f} / {part('write'):.2f} / {part('reload'):.2f} / {part('check'):.2f} "
+                   f"| {rate:.0f} | {part('merge'):.2f} / {part('write'):.2f} / {part('engine'):.2f} / {part('check'):.2f} "
                    f"| {written / 1e9:.2f} |")
     return out
 

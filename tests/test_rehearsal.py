@@ -210,9 +210,9 @@ def test_the_rehearsal_runs_table_2_its_significance_and_the_diagnostic_in_the_p
         assert [s["step"] for s in steps] == [1, 2]
         assert all(s["sync_seconds"] > 0 and s["rollout_seconds"] > 0 for s in steps)  # a weight sync and vLLM rollouts each step
         # the sync's parts, which price the cost plan's merged_sync_s_per_b_params: a whole bf16 model written
-        parts = [s[f"sync_{p}_seconds"] for s in steps for p in ("merge", "write", "reload", "check")]
+        parts = [s[f"sync_{p}_seconds"] for s in steps for p in ("merge", "write", "engine", "check")]
         assert all(p > 0 for p in parts) and all(s["sync_bytes"] > 250e6 for s in steps)  # about 269 MB
-        assert all(sum(s[f"sync_{p}_seconds"] for p in ("merge", "write", "reload", "check")) <= s["sync_seconds"] for s in steps)
+        assert all(sum(s[f"sync_{p}_seconds"] for p in ("merge", "write", "engine", "check")) <= s["sync_seconds"] for s in steps)
         assert all(math.isfinite(s[k]) for s in steps for k in ("loss", "grad_norm"))
     verdicts = set()
     for ckpt in CHECKPOINTS:

@@ -255,8 +255,11 @@ class VLLMRollouts:
 
     def sync(self, peft_model, step: int) -> float:
         """Feed the engine the current policy; returns the seconds spent, and keeps each part's in
-        :attr:`phases` (``merge``, ``write``, ``reload``, ``check``; the written ``bytes``), which the
-        step log records (the cost plan's ``merged_sync_s_per_b_params`` is priced from them).
+        :attr:`phases`, which the step log records (the cost plan's ``merged_sync_s_per_b_params`` is
+        priced from them): ``merge`` (``merged_bf16``), ``write`` (and the ``bytes`` written),
+        ``engine`` (the engine reloads the weights, which it does on its next call, and computes the
+        probe's log-probs) and ``check`` (the trainer's log-probs and the comparison); without the
+        check (``training.rollout_check: false``) the reload falls into the step's rollouts.
         ``adapter``: save the adapter and point the engine at it under a new adapter id (the
         previous step's folder is removed: the engine holds the weights it loaded).
         ``merged_bf16``: write the merged weights into the engine's model folder and have the
@@ -275,26 +278,24 @@ class VLLMRollouts:
                           metadata={"format": "pt", "step": str(step)})
             phases["write"] = time.perf_counter() - t0 - phases["merge"]
             phases["bytes"] = float(target.stat().st_size)
-            t1 = time.perf_counter()
-            self.backend.reload_weights()
-            phases["reload"] = time.perf_counter() - t1
+            self.backend.reload_weights()  # on the engine's next call
         else:
             path = self.sync_dir / f"step-{step:06d}"
             with atomic_path(path) as tmp:
                 peft_model.save_pretrained(tmp)
             phases["write"] = time.perf_counter() - t0
-            t1 = time.perf_counter()
             self.backend.use_adapter(path)
             if self._current is not None and self._current != path:
                 shutil.rmtree(self._current, ignore_errors=True)
             self._current = path
             lora = [p for n, p in peft_model.named_parameters() if ".lora_" in n]
             fingerprint = weights_fingerprint(lora) if self.probe is not None else None
-            phases["reload"] = time.perf_counter() - t1
         if self.probe is not None:
             t1 = time.perf_counter()
-            self.probe.check(step, fingerprint, self.backend.probe(self.probe.ids), policy_logprobs(peft_model, self.probe.ids))
-            phases["check"] = time.perf_counter() - t1
+            served = self.backend.probe(self.probe.ids)
+            phases["engine"] = time.perf_counter() - t1
+            self.probe.check(step, fingerprint, served, policy_logprobs(peft_model, self.probe.ids))
+            phases["check"] = time.perf_counter() - t1 - phases["engine"]
         self.phases = phases
         return time.perf_counter() - t0
 
