@@ -95,10 +95,11 @@ def table(work: Path, configs: list[Path], runs: list[str], seconds: float) -> l
            "| run | gain over base, Avg@n (95% interval) | steps | step s | rollout tokens/s | sync s: merge / write / engine reload and probe / check | sync write GB/s |",
            "|---|---|---|---|---|---|---|"]
     for name in names:
-        logs = list((work / f"results/training/{MODEL}/{name}/checkpoints").glob("*/train_log.jsonl"))
-        rows = [json.loads(line) for log in logs for line in log.read_text().splitlines()]
+        log = work / f"results/training/{MODEL}/{name}/train_log.jsonl"  # the finished run's (not older keys')
+        rows = [json.loads(line) for line in log.read_text().splitlines()]
         tokens = sum(r["rollout_length"] * cfg["training"]["effective_batch"] for r in rows)
-        rate = tokens / max(1e-9, sum(r.get("rollout_seconds", 0.0) for r in rows))
+        # a step's rollout_seconds count its engine sync too
+        rate = tokens / max(1e-9, sum(r.get("rollout_seconds", 0.0) - r.get("sync_seconds", 0.0) for r in rows))
         later = rows[1:] or rows  # the first step also starts the engine
         part = lambda key: median([r.get(f"sync_{key}_seconds", float("nan")) for r in later])  # noqa: E731
         written = sum(r.get("sync_bytes", 0.0) for r in later) / max(1e-9, sum(r.get("sync_write_seconds", 0.0) for r in later))
