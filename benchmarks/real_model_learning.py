@@ -107,6 +107,16 @@ def table(work: Path, configs: list[Path], runs: list[str], seconds: float) -> l
         out.append(f"| {name} | {c.delta:+.1f} [{c.low:+.1f}, {c.high:+.1f}] | {len(rows)} | {median([r['seconds'] for r in later]):.1f} "
                    f"| {rate:.0f} | {part('merge'):.2f} / {part('write'):.2f} / {part('engine'):.2f} / {part('check'):.2f} "
                    f"| {written / 1e9:.2f} |")
+    # The method against its controls, paired the same way: what the privileged solution adds.
+    controls = [n for n in names if n in ("opsd_no_solution", "opsd_teacher_student")]
+    methods = [n for n in names if n not in controls]
+    if controls and methods:
+        out += ["", "| run | " + " | ".join(f"gain over {c} (95% interval)" for c in controls) + " |",
+                "|---|" + "---|" * len(controls)]
+        against = {c: gains_over_base(summaries, MODEL, methods, benchmarks, base=c) for c in controls}
+        for name in methods:
+            out.append(f"| {name} | " + " | ".join(f"{against[c][name].delta:+.1f} [{against[c][name].low:+.1f}, "
+                                                  f"{against[c][name].high:+.1f}]" for c in controls) + " |")
     return out
 
 
