@@ -454,3 +454,6 @@ def test_the_learning_overlay_trains_apart_from_its_evaluation_and_has_both_cont
     assert cfg["tables"]["main"]["methods"] == ["opsd", "pwopsd_moderate", "opsd_no_solution", "opsd_teacher_student"]
     assert all(method_runs(cfg, m) for m in cfg["tables"]["main"]["methods"])
     assert (cfg["training"]["rollout_backend"], cfg["training"]["rollout_policy"]) == ("vllm", "merged_bf16")
+    # the privileged template without its transition paragraph, for every run, controls included
+    from pwopsd.config import training_config
+    assert all(training_config(cfg, "smollm2_135m", r)["teacher_transition"] is False for r in cfg["tables"]["main"]["methods"])
