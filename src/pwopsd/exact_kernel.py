@@ -8,10 +8,12 @@ bits are the same (``tests/test_exact_matmul.py`` compares the two on every shap
 special value), only the loops differ. So the compiled kernel is a matter of speed, never of
 results: a machine without a C compiler runs the torch path and gets the same run.
 
-Built on first use with the machine's C compiler (``$CC``, else ``cc``) for the baseline instruction
-set, without fast-math and without contraction (either could change a rounding), into
-``$PWOPSD_KERNEL_DIR`` (default ``~/.cache/pwopsd``) under a name keyed by the source, the compiler's
-version and flags; written atomically, so concurrent jobs can race to build it.
+Built on first use with the machine's C compiler (``$CC``, else ``cc``) for the host's instruction
+set (``-march=native``; the baseline one where the compiler refuses it), without fast-math and
+without contraction (either could change a rounding), into ``$PWOPSD_KERNEL_DIR`` (default
+``~/.cache/pwopsd``) under a name keyed by the source, the compiler's version and flags and the
+CPU's flags (a home folder shared by other CPUs keeps one build each); written atomically, so
+concurrent jobs can race to build it.
 ``PWOPSD_EXACT_KERNEL=torch`` turns it off (tests, benchmarks).
 """
 
