@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
-
-BOXED = re.compile(r"\\boxed\{([^}]*)\}")
 
 
 def main() -> None:
@@ -42,6 +39,7 @@ def main() -> None:
     from pwopsd import prompts
     from pwopsd.config import load_config_files
     from pwopsd.data import load_tiny
+    from pwopsd.evaluation.grading import extract_boxed
     from pwopsd.rehearsal import build_snapshot, rehearsal_dtype
 
     cfg = load_config_files([REPO / "config" / n for n in ("config.yaml", "rehearsal.yaml", "learning.yaml")])
@@ -75,9 +73,9 @@ def main() -> None:
                                  num_return_sequences=args.samples, pad_token_id=tok.pad_token_id)
         completions = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         answers = [rows.iloc[i // args.samples].answer for i in range(len(completions))]
-        boxed = [BOXED.findall(c) for c in completions]
+        boxed = [extract_boxed(c) for c in completions]  # the last boxed answer, as the evaluation reads it
         n = len(completions)
-        print(f"| {name} | {sum(map(bool, boxed)) / n:.0%} | {sum(bool(b) and b[-1].strip() == a for b, a in zip(boxed, answers)) / n:.0%} "
+        print(f"| {name} | {sum(b is not None for b in boxed) / n:.0%} | {sum(b is not None and b.strip() == a for b, a in zip(boxed, answers)) / n:.0%} "
               f"| {time.time() - t0:.0f} |", flush=True)
 
 

@@ -84,7 +84,7 @@ static void scale_of(uint32_t largest, int beta, double *scale, double *recip) {
  * (a right factor, along dim -2). Returns 0, or -1 when out of memory. */
 int pwopsd_round(const float *x, double *out, int64_t batch, int64_t rows, int64_t cols, int64_t sb,
                  int beta, int per_row) {
-    size_t groups = (size_t)(per_row ? rows : cols) + 1;
+    size_t groups = (size_t)(per_row ? 1 : cols) + 1;  /* a right factor's column scales */
     double *scale = malloc(sizeof(double) * groups), *recip = malloc(sizeof(double) * groups);
     uint32_t *largest = malloc(sizeof(uint32_t) * groups);
     if (!scale || !recip || !largest) {
@@ -103,8 +103,8 @@ int pwopsd_round(const float *x, double *out, int64_t batch, int64_t rows, int64
                     uint32_t a = magnitude(xi + j);
                     m = a > m ? a : m;
                 }
-                scale_of(m, beta, &scale[0], &recip[0]);
-                double s = scale[0], r = recip[0];
+                double s, r;
+                scale_of(m, beta, &s, &r);
                 for (int64_t j = 0; j < cols; j++) oi[j] = round_even((double)xi[j] * s) * r;
             }
         } else {

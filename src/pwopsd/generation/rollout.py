@@ -255,10 +255,11 @@ class VLLMRollouts:
 
     def sync(self, peft_model, step: int) -> float:
         """Feed the engine the current policy; returns the seconds spent, and keeps each part's in
-        :attr:`phases`, which the step log records (the cost plan's ``merged_sync_s_per_b_params`` is
-        priced from them): ``merge`` (``merged_bf16``), ``write`` (and the ``bytes`` written),
-        ``engine`` (the engine reloads the weights, which it does on its next call, and computes the
-        probe's log-probs) and ``check`` (the trainer's log-probs and the comparison); without the
+        :attr:`phases`, which the step log records as ``sync_<part>`` (the cost plan's
+        ``merged_sync_s_per_b_params`` is priced from them): ``merge_seconds`` (``merged_bf16``),
+        ``write_seconds`` (and the ``bytes`` written), ``engine_seconds`` (the engine reloads the
+        weights, which it does on its next call, and computes the probe's log-probs) and
+        ``check_seconds`` (the trainer's log-probs and the comparison); without the
         check (``training.rollout_check: false``) the reload falls into the step's rollouts.
         ``adapter``: save the adapter and point the engine at it under a new adapter id (the
         previous step's folder is removed: the engine holds the weights it loaded).
@@ -271,19 +272,19 @@ class VLLMRollouts:
 
             weights = merged_bf16_state_dict(peft_model, device=None)  # where the model is: fingerprinted there
             fingerprint = weights_fingerprint(weights.values()) if self.probe is not None else None
-            phases["merge"] = time.perf_counter() - t0
+            phases["merge_seconds"] = time.perf_counter() - t0
             target = self.sync_dir / "policy" / "model.safetensors"
             with atomic_path(target) as tmp:
                 save_file({k: v.to("cpu").contiguous() for k, v in weights.items()}, str(tmp),
                           metadata={"format": "pt", "step": str(step)})
-            phases["write"] = time.perf_counter() - t0 - phases["merge"]
+            phases["write_seconds"] = time.perf_counter() - t0 - phases["merge_seconds"]
             phases["bytes"] = float(target.stat().st_size)
             self.backend.reload_weights()  # on the engine's next call
         else:
             path = self.sync_dir / f"step-{step:06d}"
             with atomic_path(path) as tmp:
                 peft_model.save_pretrained(tmp)
-            phases["write"] = time.perf_counter() - t0
+            phases["write_seconds"] = time.perf_counter() - t0
             self.backend.use_adapter(path)
             if self._current is not None and self._current != path:
                 shutil.rmtree(self._current, ignore_errors=True)
@@ -293,9 +294,9 @@ class VLLMRollouts:
         if self.probe is not None:
             t1 = time.perf_counter()
             served = self.backend.probe(self.probe.ids)
-            phases["engine"] = time.perf_counter() - t1
+            phases["engine_seconds"] = time.perf_counter() - t1
             self.probe.check(step, fingerprint, served, policy_logprobs(peft_model, self.probe.ids))
-            phases["check"] = time.perf_counter() - t1 - phases["engine"]
+            phases["check_seconds"] = time.perf_counter() - t1 - phases["engine_seconds"]
         self.phases = phases
         return time.perf_counter() - t0
 

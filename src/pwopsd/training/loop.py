@@ -338,9 +338,8 @@ class Trainer:
         stats.update({"step": self.step, "lr": self.sched.get_last_lr()[0], "grad_norm": float(grad_norm),
                       "rollout_length": float(np.mean(lengths)), "seconds": time.perf_counter() - t0,
                       "rollout_seconds": t_roll, "sync_seconds": self.sync_seconds})
-        # the sync's parts (a vLLM engine's: merge, write, reload, check and the bytes written)
-        stats.update({f"sync_{k}" if k == "bytes" else f"sync_{k}_seconds": v
-                      for k, v in getattr(self.rollout_engine, "phases", {}).items()})
+        # the sync's parts (a vLLM engine's: merge, write, engine reload and probe, check; bytes written)
+        stats.update({f"sync_{k}": v for k, v in getattr(self.rollout_engine, "phases", {}).items()})
         if self.answer_check is not None:
             texts = [self.tok.decode(c, skip_special_tokens=True) for c in completions]
             stats["rollout_accuracy"] = float(np.mean(self.answer_check(texts, [self.examples[i].answer for i in idx])))
