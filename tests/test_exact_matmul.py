@@ -140,7 +140,9 @@ def test_the_compiled_rounding_gives_torchs_bits_in_every_layout_and_at_special_
     factors, batches, transposed and strided views; a machine with a C compiler builds it."""
     monkeypatch.setenv(K.ENV, "c")
     monkeypatch.setattr(K, "_state", {})
-    assert K.available(), "the compiled rounding did not build, though a C compiler is here"
+    if K._compiler() is None and not os.environ.get("CI"):  # CI machines have cc: there a missing one fails
+        pytest.skip("no C compiler: tiny mode takes torch's rounding (the same bits), nothing to compare")
+    assert K.available(), "the compiled rounding did not build (is a C compiler on the PATH as cc or $CC?)"
     g = torch.Generator().manual_seed(5)
     special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-45, -1e-40, 3.4e38, -3.4e38,
                             0.5, 1.5, 2.5, -2.5, 2.0 ** -20 * 3, 1.0 + 2.0 ** -23])
