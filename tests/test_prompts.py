@@ -28,18 +28,13 @@ def test_templates_are_verbatim_from_the_reference():
 
 def test_the_teacher_template_without_its_transition_keeps_everything_else():
     """training.teacher_transition: false: the paper's privileged template with only its transition
-    paragraph left out (the solution block, then the boxed instruction); no_solution follows it."""
-    from pwopsd.training.inputs import Example, teacher_message_for
-
+    paragraph left out (the solution block, then the boxed instruction). Torch-free: it also runs under
+    the vLLM stack; what training feeds from it is tested in tests/test_training.py."""
     paper = prompts.teacher_message("Compute 9 + 6.", "9 + 6 = 15")
     plain = prompts.teacher_message("Compute 9 + 6.", "9 + 6 = 15", transition=False)
     assert paper.replace(prompts.TEACHER_TRANSITION, "") == plain and prompts.TEACHER_TRANSITION not in plain
     assert plain == ("Problem: Compute 9 + 6.\n\nHere is a reference solution to this problem:\n=== Reference Solution Begin ===\n"
                      "9 + 6 = 15\n=== Reference Solution End ===\n\n" + prompts.BOXED_INSTRUCTION)
-    example = Example(problem="Compute 9 + 6.", solution="9 + 6 = 15", answer="15")
-    assert teacher_message_for(example, "privileged", transition=False) == plain
-    assert teacher_message_for(example, "no_solution", transition=False) == prompts.teacher_message("Compute 9 + 6.", "", transition=False)
-    assert teacher_message_for(example, "privileged") == paper
 
 
 def test_messages_substitute_literally():

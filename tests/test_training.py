@@ -22,6 +22,21 @@ def test_assemble_keeps_the_reference_layout():
     assert c["position_ids"][1].tolist() == [0, 0, 0, 1, 1, 1]
 
 
+def test_the_teacher_message_follows_the_teacher_prompt_and_transition_switches():
+    """training.teacher_prompt and training.teacher_transition pick the teacher's message: privileged
+    with or without the transition paragraph, no_solution the same template with an empty solution."""
+    from pwopsd import prompts
+    from pwopsd.training.inputs import teacher_message_for
+
+    example = Example(problem="Compute 9 + 6.", solution="9 + 6 = 15", answer="15")
+    assert teacher_message_for(example, "privileged") == prompts.teacher_message("Compute 9 + 6.", "9 + 6 = 15")
+    assert teacher_message_for(example, "privileged", transition=False) == prompts.teacher_message(
+        "Compute 9 + 6.", "9 + 6 = 15", transition=False)
+    assert teacher_message_for(example, "no_solution", transition=False) == prompts.teacher_message(
+        "Compute 9 + 6.", "", transition=False)
+    assert teacher_message_for(example, "privileged") != teacher_message_for(example, "privileged", transition=False)
+
+
 def test_data_order_is_a_seeded_permutation_per_epoch():
     o = data_order(5, seed=42, epochs=2)
     assert sorted(o[:5]) == sorted(o[5:]) == list(range(5))
