@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--temperature", type=float, default=None, help="default: the overlay's training.temperature")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="settings over the overlay (as real_model_learning.py)")
     args = ap.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"
     import torch
@@ -42,7 +43,14 @@ def main() -> None:
     from pwopsd.evaluation.grading import extract_boxed
     from pwopsd.rehearsal import build_snapshot, rehearsal_dtype
 
+    from pwopsd.config.files import merge_configs
+    from pwopsd.config.overrides import dotted_overrides
+
     cfg = load_config_files([REPO / "config" / n for n in ("config.yaml", "rehearsal.yaml", "learning.yaml")])
+    try:
+        cfg = merge_configs(cfg, dotted_overrides(args.set, cfg))
+    except ValueError as exc:
+        raise SystemExit(f"--set {exc}") from None
     rows, _ = load_tiny(cfg["train_corpus"]["source"])
     rows = rows.iloc[: args.problems]
     temperature = args.temperature or cfg["training"]["temperature"]
