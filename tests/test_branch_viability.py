@@ -181,6 +181,12 @@ def test_teacher_pass_and_candidates(spines, random_tiny_model, tiny_tokenizer, 
     assert list(requests[4].prompt_ids) == list(spine["prompt_ids"]) + list(spine["spine_ids"][:pos]) + [k["child_id"]]
     seeds = [r.seed + j for r in requests for j in range(r.n)]
     assert len(set(seeds)) == len(seeds) and all(r.n == 6 and r.temperature == 1.0 and r.top_p == 0.95 for r in requests)
+    # The paper's continuations run to the model length; a rehearsal caps them (beyond the paper).
+    assert "max_new_tokens" not in settings["forced_continuation"]
+    room = [int(settings["forced_continuation"]["max_model_len"]) - len(r.prompt_ids) for r in requests]
+    assert [r.max_new_tokens for r in requests] == room
+    capped = {**settings, "forced_continuation": {**settings["forced_continuation"], "max_new_tokens": 5}}
+    assert {r.max_new_tokens for r in bv.forced_continuation_plan(spines, cands, capped)[0]} == {5}
 
 
 def crafted_pool():

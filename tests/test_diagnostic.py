@@ -116,5 +116,9 @@ def test_forced_continuation_requests():
     assert [r.prompt_ids for r in reqs] == [(1, 2, 10, 11, 20), (1, 2, 10, 11, 21), (1, 2, 10, 11, 22)]
     assert all(r.n == 6 and r.temperature == 1.0 and r.top_p == 0.95 and r.max_new_tokens == 7 for r in reqs)
     assert len({r.seed for r in reqs}) == 3
+    # diagnostic.forced_continuation.max_new_tokens (beyond the paper): a cap below the model length's room
+    capped = forced_continuation_requests([1, 2], [10, 11, 12, 13], 2, [20], max_model_len=12, max_new_tokens=3)
+    assert capped[0].max_new_tokens == 3
+    assert forced_continuation_requests([1, 2], [10, 11, 12, 13], 2, [20], max_model_len=12, max_new_tokens=50)[0].max_new_tokens == 7
     with pytest.raises(ValueError, match="does not fit max_model_len=4"):
         forced_continuation_requests([1, 2], [10, 11, 12], 2, [20], max_model_len=4)

@@ -233,4 +233,6 @@ def test_the_rehearsal_runs_table_2_its_significance_and_the_diagnostic_in_the_p
     summary = read_json(results / f"diagnostic/{MODEL}/branch_auroc.json")
     print({k: summary["counts"][k] for k in ("problems", "correct_spines", "candidates", "pool_candidates")})
     assert summary["counts"]["problems"] == 9 and summary["counts"]["candidates"] > 0
+    continuations = read_parquet(results / f"diagnostic/{MODEL}/forced_continuations.parquet")
+    assert len(continuations) > 0 and continuations["num_tokens"].max() <= 64  # the rehearsal's cap, as its spines'
     assert (results / "tables/branch_auroc.tex").exists()

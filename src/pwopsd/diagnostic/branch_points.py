@@ -147,9 +147,11 @@ def teacher_pass(model, prompt_ids: Sequence[int], spine_ids: Sequence[int], *, 
 
 def forced_continuation_requests(student_prompt_ids: Sequence[int], spine_ids: Sequence[int], position: int,
                                  children: Sequence[int], *, n: int = 6, seed: int = 0, seed_stride: int | None = None,
-                                 temperature: float = 1.0, top_p: float = 0.95, max_model_len: int = 32768):
+                                 temperature: float = 1.0, top_p: float = 0.95, max_model_len: int = 32768,
+                                 max_new_tokens: int | None = None):
     """Phase E: one request per forced child: student prompt + spine up to ``position`` + child,
-    ``n`` continuations at T=1.0/top_p 0.95, new tokens clipped to fit ``max_model_len``.
+    ``n`` continuations at T=1.0/top_p 0.95, new tokens clipped to fit ``max_model_len`` (and at most
+    ``max_new_tokens``, beyond the paper, where given).
 
     Child ``j`` gets request seed ``seed + j * seed_stride`` (default stride ``n``: the children's
     samples, seeds ``s + k`` in vLLM's convention, never share a seed)."""
@@ -159,7 +161,8 @@ def forced_continuation_requests(student_prompt_ids: Sequence[int], spine_ids: S
     reqs = []
     for j, child in enumerate(children):
         prefix = list(student_prompt_ids) + list(spine_ids[:position]) + [int(child)]
-        sampling = SamplingConfig(n=n, temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_model_len,
+        sampling = SamplingConfig(n=n, temperature=temperature, top_p=top_p, top_k=0,
+                                  max_new_tokens=int(max_new_tokens or max_model_len),
                                   max_model_len=max_model_len, seed=seed + stride * j)
         reqs.append(sampling.request(prefix))
     return reqs

@@ -345,7 +345,7 @@ def forced_continuation_plan(spines: pd.DataFrame, candidates: pd.DataFrame, set
         reqs = forced_continuation_requests(spine["prompt_ids"], spine["spine_ids"], int(cand["position"]), cand["children"],
                                             n=n, seed=int(fc["seed"]) + i * n_children * n, seed_stride=n,
                                             temperature=float(fc["temperature"]), top_p=float(fc["top_p"]),
-                                            max_model_len=int(fc["max_model_len"]))
+                                            max_model_len=int(fc["max_model_len"]), max_new_tokens=fc.get("max_new_tokens"))
         for j, (req, child) in enumerate(zip(reqs, cand["children"])):
             requests.append(req)
             keys.append({"dataset": cand["dataset"], "problem_id": cand["problem_id"], "candidate": int(cand["candidate"]),
