@@ -38,17 +38,16 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pwopsd import prompts
-    from pwopsd.config import load_config_files
+    from pwopsd.config import load_config_files, validate_config
+    from pwopsd.config.files import merge_configs
+    from pwopsd.config.overrides import dotted_overrides
     from pwopsd.data import load_tiny
     from pwopsd.evaluation.grading import extract_boxed
     from pwopsd.rehearsal import build_snapshot, rehearsal_dtype
 
-    from pwopsd.config.files import merge_configs
-    from pwopsd.config.overrides import dotted_overrides
-
     cfg = load_config_files([REPO / "config" / n for n in ("config.yaml", "rehearsal.yaml", "learning.yaml")])
     try:
-        cfg = merge_configs(cfg, dotted_overrides(args.set, cfg))
+        cfg = validate_config(merge_configs(cfg, dotted_overrides(args.set, cfg)))  # an unknown key is named
     except ValueError as exc:
         raise SystemExit(f"--set {exc}") from None
     rows, _ = load_tiny(cfg["train_corpus"]["source"])

@@ -247,6 +247,12 @@ def test_notice_windows_by_hand(paper):
     forced = max(600 * 32768 * a["forced_length_fraction"] / (a["decode_tok_s_per_gpu_4b"] * 4),
                  (32768 - 16384 * a["spine_length_fraction"]) / a["stream_tok_s_4b"])
     assert need["forced_continuation", "qwen3_4b"] == pytest.approx(a["notice_safety"] * forced + a["engine_shutdown_s"])
+    # a cap on the continuations' new tokens (diagnostic.forced_continuation.max_new_tokens) is priced:
+    # 600 rollouts of at most 64 tokens, the longest 64
+    capped = {**paper, "diagnostic": {**paper["diagnostic"], "forced_continuation": {
+        **paper["diagnostic"]["forced_continuation"], "max_new_tokens": 64}}}
+    short = max(600 * 64 / (a["decode_tok_s_per_gpu_4b"] * 4), 64 / a["stream_tok_s_4b"])
+    assert cost.notice_work("forced_continuation", capped)[0].piece_s == pytest.approx(short)
     # one engine per GPU instead: four engines, stopped one after the other
     dp = cost.data_parallel_layout(paper)
     assert cost.notice_work("generate", dp)[0].shutdown_s == 4 * a["engine_shutdown_s"]

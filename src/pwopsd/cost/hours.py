@@ -235,12 +235,21 @@ def _mc_dropout_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
     return d["mc_dropout"]["samples"] * problems * (spine + a["teacher_prompt_tokens"]) / rate / 3600.0
 
 
+def forced_lengths(fc: dict, spine: float, a: dict) -> tuple[float, float]:
+    """A forced continuation's expected and longest new tokens: a share of the model length
+    (``forced_length_fraction``), within ``max_new_tokens`` where the config caps them."""
+    longest = fc["max_model_len"] - spine
+    if fc.get("max_new_tokens"):
+        longest = min(longest, fc["max_new_tokens"])
+    return min(fc["max_model_len"] * a["forced_length_fraction"], longest), longest
+
+
 def _forced_continuation_hours(job: Job, cfg: dict, size: float, a: dict) -> float:
     d, problems, spine, _ = _diagnostic_sizes(job, cfg, size, a)
     fc = d["forced_continuation"]
     rollouts = problems * d["candidates"]["max_per_problem"] * d["candidates"]["children"] * fc["n"]
-    tokens = rollouts * fc["max_model_len"] * a["forced_length_fraction"]
-    return _decode_hours(tokens, fc["max_model_len"] - spine, size, job.gpus, a, tp=_vllm_tp(cfg, job))
+    expected, longest = forced_lengths(fc, spine, a)
+    return _decode_hours(rollouts * expected, longest, size, job.gpus, a, tp=_vllm_tp(cfg, job))
 
 
 # The cost model of each rule that asks for GPUs; a GPU rule missing here is an error

@@ -16,6 +16,7 @@ from pwopsd.cost.hours import (
     _diagnostic_sizes,
     _vllm_tp,
     assumptions,
+    forced_lengths,
     job_hours,
     max_runtime,
     model_size_b,
@@ -188,8 +189,8 @@ def forced_shard_seconds(job: Job, cfg: dict, size: float, a: dict, shard: int) 
     d, problems, spine, _ = _diagnostic_sizes(job, cfg, size, a)
     fc = d["forced_continuation"]
     n = min(shard, problems * d["candidates"]["max_per_problem"] * d["candidates"]["children"])
-    tokens = n * fc["n"] * fc["max_model_len"] * a["forced_length_fraction"]
-    seconds = _decode_hours(tokens, fc["max_model_len"] - spine, size, job.gpus, a, tp=_vllm_tp(cfg, job)) * 3600.0
+    expected, longest = forced_lengths(fc, spine, a)
+    seconds = _decode_hours(n * fc["n"] * expected, longest, size, job.gpus, a, tp=_vllm_tp(cfg, job)) * 3600.0
     return seconds, f"one forced-continuation shard ({n} requests x {fc['n']} rollouts)"
 
 
