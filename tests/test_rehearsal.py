@@ -177,6 +177,7 @@ def bf16_against_fp32(path: str, env: dict) -> dict:
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     where = f"bf16 on the {r['capability']} path ({env or 'host default'}): {r}"
+    print(where)  # the host's figures in the test log (-rA), for the note of each new host kind
     assert r["answer_nll"]["fp32"] < 2.0 < r["uniform_nll"], where
     assert abs(r["answer_nll"]["bf16"] - r["answer_nll"]["fp32"]) < 0.25, where
     assert all(same for same, margin in zip(r["same_argmax"], r["margins"]) if margin > 0.5), where
