@@ -172,6 +172,19 @@ def test_profile_names_only_existing_rules():
     assert prof["executor"] == "slurm" and prof["rerun-incomplete"] and prof["retries"] >= 1
 
 
+def test_the_default_profile_paces_the_scheduler_as_documented():
+    """The pace every run takes (docs/decisions.md, "Snakemake's scheduler"), read by Snakemake's own
+    parser: rounds every 5 s, not once a second per finished job, and a run ends at most 5 s after
+    its last job; submissions stay at or below Snakemake's default rate (100 a second)."""
+    from snakemake.settings.types import MaxJobsPerTimespan
+
+    default = yaml.safe_load((REPO / "profiles" / "default" / "profile.yaml").read_text())
+    pace = MaxJobsPerTimespan.parse_choice(default["max-jobs-per-timespan"])
+    assert pace.timespan == 5 and pace.max_jobs / pace.timespan <= 100
+    assert set(default) == {"cores", "max-jobs-per-timespan"}  # nothing that would replace the Slurm profile's values
+    assert "max-jobs-per-timespan" not in profile()
+
+
 def test_lint_passes():
     proc = run_snakemake(["--lint"], check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
