@@ -278,6 +278,11 @@ FIXTURE_PARTS = {"tiny_run": "tiny run", "vllm_python": "vLLM environment", "vll
 
 def pytest_configure(config):
     _TMP["config"] = config  # its temporary-path factory exists once every plugin is configured
+    if os.geteuid() == 0:  # a killed session's links to its test Slurm stall every Snakemake start
+        from slurm.cluster import unlink_stale_system_conf
+
+        for link in unlink_stale_system_conf():
+            print(f"removed {link}: it named a test Slurm that no longer runs (tests/slurm/cluster.py)")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -190,6 +190,48 @@ def test_lint_passes():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_a_killed_sessions_links_to_its_stopped_cluster_are_removed_and_no_others(tmp_path):
+    """A session killed before its tear-down leaves /etc/slurm linked to a cluster that no longer
+    runs, and every Snakemake start then waits about 9 s on scontrol; the next session removes
+    those links (conftest.py), and only those: a running cluster's, another harness's and a real
+    installation's stay."""
+    from slurm.cluster import MARKER, unlink_stale_system_conf
+
+    def cluster(name, pid=None):
+        etc = tmp_path / name / "etc"
+        (tmp_path / name / "run").mkdir(parents=True)
+        etc.mkdir()
+        for f in ("slurm.conf", "gres.conf", MARKER):
+            (etc / f).write_text("")
+        if pid is not None:
+            (tmp_path / name / "run" / "slurmctld.pid").write_text(f"{pid}\n")
+        return etc
+
+    def system(target_etc):
+        conf = tmp_path / f"system-{target_etc.parent.name}" / "slurm.conf"
+        conf.parent.mkdir()
+        conf.symlink_to(target_etc / "slurm.conf")
+        (conf.parent / "gres.conf").symlink_to(target_etc / "gres.conf")
+        return conf
+
+    dead = system(cluster("dead", pid=2**22 + 1))  # above Linux's largest PID: no such process
+    assert unlink_stale_system_conf(dead) == [dead, dead.parent / "gres.conf"]
+    assert not dead.is_symlink() and not (dead.parent / "gres.conf").is_symlink()
+    removed_tree = system(cluster("removed"))
+    shutil.rmtree(tmp_path / "removed")  # the cluster's folder gone too: a dangling link
+    assert unlink_stale_system_conf(removed_tree) == [removed_tree, removed_tree.parent / "gres.conf"]
+    alive = system(cluster("alive", pid=os.getpid()))
+    assert unlink_stale_system_conf(alive) == [] and alive.is_symlink()
+    other_etc = cluster("other")
+    (other_etc / MARKER).unlink()
+    other = system(other_etc)
+    assert unlink_stale_system_conf(other) == [] and other.is_symlink()
+    real = tmp_path / "real" / "slurm.conf"
+    real.parent.mkdir()
+    real.write_text("ClusterName=site\n")
+    assert unlink_stale_system_conf(real) == [] and real.read_text() == "ClusterName=site\n"
+
+
 @background.part("Slurm cluster start")
 def _slurm_cluster():
     """A real single-node Slurm (tests/slurm/cluster.py; its Debian packages installed when
