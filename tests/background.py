@@ -178,6 +178,15 @@ class _Measured(_popen()):
         return pid, status
 
 
+def waiting_last(items: list, module: Callable, waits: Callable) -> list:
+    """``items`` (tests) with, within each module, those that wait for a part after those that do
+    not; the modules in their order, and the tests' order kept otherwise (a stable sort)."""
+    rank: dict = {}
+    for item in items:
+        rank.setdefault(module(item), len(rank))
+    return sorted(items, key=lambda item: (rank[module(item)], bool(waits(item))))
+
+
 _AT_END: list[Callable[[], object]] = []
 
 

@@ -287,10 +287,16 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Before ``-m`` selects: mark the tests that need a long part, or the package index, ``heavy``."""
+    """Before ``-m`` selects: mark the tests that need a long part, or the package index, ``heavy``;
+    and within each module run the tests that wait for a part after those that do not, so that no
+    quick test waits behind a long part (in the full suite, test_workflow.py's quick tests had run
+    after the tiny run, on the critical path). Modules stay whole: their fixtures are made once."""
+    waits = {}
     for item in items:
-        if set(item.fixturenames) & set(FIXTURE_PARTS) or item.get_closest_marker("network"):
+        waits[item] = bool(set(item.fixturenames) & set(FIXTURE_PARTS))
+        if waits[item] or item.get_closest_marker("network"):
             item.add_marker(pytest.mark.heavy)
+    items[:] = background.waiting_last(items, module=lambda item: item.module, waits=waits.get)
 
 
 def pytest_collection_finish(session):

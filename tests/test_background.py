@@ -31,3 +31,10 @@ def test_a_parts_cpu_seconds_include_its_grandchildren(tmp_path):
         assert 0.6 <= background._CPU["burn test"] < 5.0  # the grandchild's 0.6 s, plus two interpreters' starts
     finally:
         background._CPU.pop("burn test", None)
+
+
+def test_within_a_module_the_tests_that_wait_for_a_part_run_last_and_modules_stay_whole():
+    tests = [("a", "wait1", True), ("a", "quick1", False), ("b", "wait2", True), ("a", "quick2", False),
+             ("b", "quick3", False), ("a", "wait3", True)]
+    ordered = background.waiting_last(tests, module=lambda t: t[0], waits=lambda t: t[2])
+    assert [t[1] for t in ordered] == ["quick1", "quick2", "wait1", "wait3", "quick3", "wait2"]
