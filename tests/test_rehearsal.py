@@ -43,7 +43,7 @@ def rehearsal_workdir(cache) -> "os.PathLike":
     sha = hashlib.sha256(math500.read_bytes()).hexdigest()
     local = {"benchmarks": {"math500": {"source": {"kind": "local", "path": str(math500), "sha256": sha}}}}
     (work / "config" / "local_data.yaml").write_text(yaml.safe_dump(local))
-    # bf16 where this CPU has native bf16 kernels, else float32 (pwopsd.rehearsal.rehearsal_dtype)
+    # bf16 where this CPU has bf16 instructions, else float32 (pwopsd.rehearsal.rehearsal_dtype)
     (work / "config" / "host.yaml").write_text(yaml.safe_dump({"models": {MODEL: {"dtype": rehearsal_dtype()}}}))
     (work / ".rehearsal").mkdir()
     (work / ".rehearsal" / "hub").symlink_to(cache)
@@ -75,6 +75,20 @@ def rehearsal():
     work, proc = background.result("rehearsal")
     assert proc.returncode == 0, f"{proc.stdout[-5000:]}\n{proc.stderr[-10000:]}"
     return work
+
+
+def test_the_rehearsal_runs_bf16_only_where_the_cpu_has_bf16_instructions():
+    """bf16 where the CPU computes it (AVX512-BF16, AMX-BF16); float32 where torch would emulate it:
+    AVX2 only (a scalar kernel, 40x slower) and AVX512 without BF16, as on Cascade Lake (oneDNN
+    converts to float32 inside each product: 1.6x the time of float32)."""
+    import torch
+
+    from pwopsd.rehearsal import native_bf16
+
+    cascade_lake = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}
+    assert not native_bf16(cascade_lake) and not native_bf16({"avx2", "fma"}) and not native_bf16(set())
+    onednn = torch.ops.mkldnn._is_mkldnn_bf16_supported()  # true on every CPU with bf16 instructions
+    assert native_bf16(cascade_lake | {"avx512_bf16"}) == onednn and native_bf16(cascade_lake | {"amx_bf16"}) == onednn
 
 
 def test_a_corrupted_wheel_is_refused_naming_the_checksum(tmp_path):

@@ -63,19 +63,29 @@ REVISION = "1a30ac72638c7a7c3e77713ab9305d32f7da3ff7"
 DTYPE = "bfloat16"
 
 
-def native_bf16() -> bool:
-    """Whether this CPU runs torch's bf16 matrix products through oneDNN (AVX512 BW/VL/DQ, AMX):
-    on AVX2-only CPUs (AMD Zen 1-3) torch falls back to a scalar bf16 kernel, measured here 40x
-    slower than float32 (an 800x576 by 576x1536 product: 1.6 s against 40 ms), which makes a bf16
-    rehearsal take hours there."""
+BF16_INSTRUCTIONS = frozenset({"avx512_bf16", "amx_bf16"})  # /proc/cpuinfo's names of the bf16 instructions
+
+
+def native_bf16(flags: set[str] | None = None) -> bool:
+    """Whether this CPU computes bf16 matrix products with bf16 instructions (AVX512-BF16: AMD Zen 4
+    and 5, Intel from Cooper Lake; AMX-BF16: Intel from Sapphire Rapids) through torch's oneDNN
+    path. Elsewhere bf16 is emulated and slower than float32: on AVX512 without BF16 (Intel
+    Skylake-SP to Ice Lake) oneDNN converts each product's bf16 to float32, and on a Cascade Lake
+    host a rehearsal generate job took 1.6x the wall time and 1.8x the CPU-seconds of float32 (112 s
+    and 195 CPU-s against 70 s and 109); on AVX2-only CPUs (AMD Zen 1-3) torch falls back to a
+    scalar bf16 kernel, measured 40x slower than float32 (an 800x576 by 576x1536 product: 1.6 s
+    against 40 ms). ``flags``: the CPU's flags (default: this host's, :func:`pwopsd.runtime.cpu_flags`)."""
     import torch
 
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    from pwopsd.runtime import cpu_flags
+
+    flags = cpu_flags() if flags is None else flags
+    return bool(BF16_INSTRUCTIONS & set(flags)) and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def rehearsal_dtype() -> str:
-    """The rehearsal model's dtype on this host: the paper's ``bfloat16`` where the CPU has native
-    bf16 kernels (:func:`native_bf16`), else ``float32`` (docs/rehearsal.md says what still runs in
+    """The rehearsal model's dtype on this host: the paper's ``bfloat16`` where the CPU has bf16
+    instructions (:func:`native_bf16`), else ``float32`` (docs/rehearsal.md says what still runs in
     bf16 there)."""
     return DTYPE if native_bf16() else "float32"
 
