@@ -193,8 +193,8 @@ def test_lint_passes():
 def test_a_killed_sessions_links_to_its_stopped_cluster_are_removed_and_no_others(tmp_path):
     """A session killed before its tear-down leaves /etc/slurm linked to a cluster that no longer
     runs, and every Snakemake start then waits about 9 s on scontrol; the next session removes
-    those links (conftest.py), and only those: a running cluster's, another harness's and a real
-    installation's stay."""
+    those links (conftest.py), and only those: a running or starting cluster's, another harness's
+    and a real installation's stay."""
     from slurm.cluster import MARKER, unlink_stale_system_conf
 
     def cluster(name, pid=None):
@@ -222,6 +222,8 @@ def test_a_killed_sessions_links_to_its_stopped_cluster_are_removed_and_no_other
     assert unlink_stale_system_conf(removed_tree) == [removed_tree, removed_tree.parent / "gres.conf"]
     alive = system(cluster("alive", pid=os.getpid()))
     assert unlink_stale_system_conf(alive) == [] and alive.is_symlink()
+    starting = system(cluster("starting"))  # linked, its slurmctld not started yet: another session's start
+    assert unlink_stale_system_conf(starting) == [] and starting.is_symlink()
     other_etc = cluster("other")
     (other_etc / MARKER).unlink()
     other = system(other_etc)

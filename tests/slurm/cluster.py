@@ -318,20 +318,23 @@ def unlink_stale_system_conf(system_conf: Path = SYSTEM_CONF) -> list[Path]:
     Snakemake start on this machine waits about 9 s: the Slurm executor plugin asks ``scontrol show
     config`` when it is imported (for a help text), and scontrol retries the controller the link
     names until it gives up (without the link it fails at once). That made the fast tier 2.2x
-    slower (470 s against 212 s). Links of a cluster whose slurmctld is alive, links this harness
-    did not write (no marker beside their target) and a real installation's files are left alone."""
+    slower (470 s against 212 s). Removed: links whose cluster folder is gone, and links to a
+    cluster whose slurmctld PID file names a process that is not alive. Left alone: a running
+    cluster's links, a starting one's (no PID file yet: another session may be starting it), links
+    this harness did not write (no marker beside their target) and a real installation's files."""
     removed = []
     if not system_conf.is_symlink():
         return removed
     target = Path(os.readlink(system_conf))
     if not (target.parent / MARKER).exists() and target.exists():
         return removed  # not ours
-    pid_file = target.parent.parent / "run" / "slurmctld.pid"
-    try:
-        if _alive(int(pid_file.read_text().split()[0])):
-            return removed
-    except (OSError, ValueError, IndexError):
-        pass
+    if target.exists():  # the cluster's folder is there: stale only once its slurmctld ran and is gone
+        pid_file = target.parent.parent / "run" / "slurmctld.pid"
+        try:
+            if _alive(int(pid_file.read_text().split()[0])):
+                return removed
+        except (OSError, ValueError, IndexError):
+            return removed  # no PID yet: a cluster starting (in another session), left alone
     root = str(target.parent.parent)
     for link in (system_conf, system_conf.parent / "gres.conf"):
         if link.is_symlink() and os.readlink(link).startswith(root):
