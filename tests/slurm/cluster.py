@@ -193,8 +193,7 @@ StorageLoc=slurm_acct_db
     def _link_system_conf(self) -> None:
         (self.conf.parent / MARKER).touch()
         if SYSTEM_CONF.exists() or SYSTEM_CONF.is_symlink():
-            ours = SYSTEM_CONF.is_symlink() and (not SYSTEM_CONF.exists() or (SYSTEM_CONF.resolve().parent / MARKER).exists())
-            if not ours:  # a real installation's configuration: leave it alone
+            if not _ours(SYSTEM_CONF):  # a real installation's configuration: leave it alone
                 raise SlurmUnavailable(f"{SYSTEM_CONF} belongs to a Slurm installation of this machine")
             SYSTEM_CONF.unlink()
         SYSTEM_CONF.parent.mkdir(parents=True, exist_ok=True)
@@ -282,9 +281,7 @@ StorageLoc=slurm_acct_db
                 if not _alive(pid):
                     break
         if getattr(self, "_linked", False):
-            for link in (SYSTEM_CONF, SYSTEM_CONF.parent / "gres.conf"):
-                if link.is_symlink() and str(self.root) in os.readlink(link):
-                    link.unlink()
+            _unlink_links_into(self.root)
             self._linked = False
 
     def running(self) -> list[str]:
@@ -322,22 +319,30 @@ def unlink_stale_system_conf(system_conf: Path = SYSTEM_CONF) -> list[Path]:
     cluster whose slurmctld PID file names a process that is not alive. Left alone: a running
     cluster's links, a starting one's (no PID file yet: another session may be starting it), links
     this harness did not write (no marker beside their target) and a real installation's files."""
-    removed = []
-    if not system_conf.is_symlink():
-        return removed
-    target = Path(os.readlink(system_conf))
-    if not (target.parent / MARKER).exists() and target.exists():
-        return removed  # not ours
+    if not _ours(system_conf):
+        return []
+    target = system_conf.resolve()
     if target.exists():  # the cluster's folder is there: stale only once its slurmctld ran and is gone
-        pid_file = target.parent.parent / "run" / "slurmctld.pid"
         try:
-            if _alive(int(pid_file.read_text().split()[0])):
-                return removed
+            if _alive(int((target.parent.parent / "run" / "slurmctld.pid").read_text().split()[0])):
+                return []
         except (OSError, ValueError, IndexError):
-            return removed  # no PID yet: a cluster starting (in another session), left alone
-    root = str(target.parent.parent)
+            return []  # no PID yet: a cluster starting (in another session), left alone
+    return _unlink_links_into(target.parent.parent, system_conf)
+
+
+def _ours(system_conf: Path) -> bool:
+    """Whether ``system_conf`` is a link this harness wrote: to a configuration with its marker
+    beside it, or to one that is gone (a removed cluster folder)."""
+    return system_conf.is_symlink() and (not system_conf.exists() or (system_conf.resolve().parent / MARKER).exists())
+
+
+def _unlink_links_into(root: Path, system_conf: Path = SYSTEM_CONF) -> list[Path]:
+    """Remove the links of /etc/slurm (``system_conf`` and the ``gres.conf`` beside it) that point
+    into a cluster folder ``root``; return them."""
+    removed = []
     for link in (system_conf, system_conf.parent / "gres.conf"):
-        if link.is_symlink() and os.readlink(link).startswith(root):
+        if link.is_symlink() and str(root) in os.readlink(link):
             link.unlink(missing_ok=True)
             removed.append(link)
     return removed
