@@ -90,13 +90,16 @@ if (SLURM_PROFILE is not None and workflow.exec_mode == ExecMode.DEFAULT and con
 # digest of what the package modules its script imports do (pwopsd.keys.script_code_digest), so a
 # change of the code that computed a finished result reruns it, as a change of its config does,
 # and every result's provenance records it; comments and docstrings leave it alone. A user who keeps
-# results made by older code says so with `code_changes: keep` (config/README.md).
+# results made by older code says so with `code_changes: keep` (config/README.md). Digests computed
+# before from the same sources are read from .snakemake/pwopsd/code_digests.json (pwopsd.script_digests).
 if config["code_changes"] == "rerun":
-    from pwopsd.keys import script_code_digest
+    from pwopsd.script_digests import script_code_digests
 
-    for _rule in workflow.rules:
-        if _rule.script and (_digest := script_code_digest(Path(_rule.snakefile).parent / _rule.script)):
-            _rule.set_params(code=_digest)
+    _scripts = {_rule: Path(_rule.snakefile).parent / _rule.script for _rule in workflow.rules if _rule.script}
+    _digests = script_code_digests(_scripts.values(), cache=Path(".snakemake") / "pwopsd" / "code_digests.json")
+    for _rule, _script in _scripts.items():
+        if _digests[str(_script)]:
+            _rule.set_params(code=_digests[str(_script)])
 
 
 rule all:

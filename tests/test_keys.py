@@ -25,6 +25,7 @@ import pytest
 from pwopsd import keys
 from pwopsd.generation.sampling import SamplingConfig, eval_prompt_ids, generation_identity, sample_benchmark
 from pwopsd.io import WriterLockedError, changed_fields, one_writer, partial_dir
+from conftest import REPO
 from test_sampling import EVAL, CountingBackend
 
 
@@ -204,6 +205,50 @@ def test_comments_and_docstrings_in_the_ground_floor_modules_keep_every_key(pack
     path.write_text(path.read_text() + "\nCHANGED = True\n")  # what runs changes: every key that imports io changes
     keys.behaviour_text.cache_clear()
     assert all(keys.code_digest(e) != before[e] for e in entries)
+
+
+def test_the_snakefiles_code_params_are_read_back_only_for_the_sources_they_were_computed_from(package_copy, tmp_path,
+                                                                                                 monkeypatch):
+    """The Snakefile's code params are remembered in .snakemake/ (pwopsd.script_digests): a start
+    with the same sources reads them without parsing; any changed module or script, Python
+    version, or a broken file makes them computed again, equal to what parsing gives."""
+    from pwopsd import script_digests
+
+    scripts = sorted(str(p) for p in (REPO / "workflow" / "scripts").glob("*.py"))
+    cache = tmp_path / ".snakemake" / "pwopsd" / "code_digests.json"
+    parsed = {s: keys.script_code_digest(s) for s in scripts}
+    assert all(parsed.values())
+    assert script_digests.script_code_digests(scripts, cache=cache) == parsed and cache.exists()
+    real = keys.script_code_digest
+
+    def parse_again(script):
+        calls.append(script)
+        return real(script)
+
+    calls: list = []
+    monkeypatch.setattr(keys, "script_code_digest", parse_again)
+    assert script_digests.script_code_digests(scripts, cache=cache) == parsed and calls == []  # read back
+    path = package_copy / "runtime.py"  # imported by every script: every digest changes
+    path.write_text(path.read_text() + "\nCHANGED = True\n")
+    keys.behaviour_text.cache_clear()
+    changed = script_digests.script_code_digests(scripts, cache=cache)
+    assert len(calls) == len(scripts) and all(changed[s] != parsed[s] for s in scripts)
+    assert changed == {s: real(s) for s in scripts}
+    calls.clear()
+    assert script_digests.script_code_digests(scripts, cache=cache) == changed and calls == []
+    monkeypatch.setattr(script_digests, "PYTHON", "3.99")  # ast.dump follows Python's version
+    assert script_digests.script_code_digests(scripts, cache=cache) == changed and len(calls) == len(scripts)
+    one = tmp_path / "one_script.py"
+    one.write_text("from pwopsd.io import read_json\n")
+    for broken in ("", "{not json", '{"package": 1}', "[]"):
+        cache.write_text(broken)
+        assert script_digests.script_code_digests([one], cache=cache) == {str(one): real(one)}
+    before = real(one)
+    one.write_text("from pwopsd.io import read_json\nfrom pwopsd.notice import Notice\n")  # the script's own imports
+    assert script_digests.script_code_digests([one], cache=cache) == {str(one): real(one)} and real(one) != before
+    not_a_folder = tmp_path / "a-file"
+    not_a_folder.write_text("")  # the cache cannot be written there: computed, and nothing fails
+    assert script_digests.script_code_digests([one], cache=not_a_folder / "c.json") == {str(one): real(one)}
 
 
 def test_an_unchanged_key_resumes_and_a_folder_without_key_is_discarded(tmp_path, caplog):
