@@ -91,12 +91,13 @@ if (SLURM_PROFILE is not None and workflow.exec_mode == ExecMode.DEFAULT and con
 # change of the code that computed a finished result reruns it, as a change of its config does,
 # and every result's provenance records it; comments and docstrings leave it alone. A user who keeps
 # results made by older code says so with `code_changes: keep` (config/README.md). Digests computed
-# before from the same sources are read from .snakemake/pwopsd/code_digests.json (pwopsd.script_digests).
+# before from the same sources are read back from the checkout's .snakemake/pwopsd/code_digests.json,
+# shared by every working directory (pwopsd.script_digests).
 if config["code_changes"] == "rerun":
     from pwopsd.script_digests import script_code_digests
 
     _scripts = {_rule: Path(_rule.snakefile).parent / _rule.script for _rule in workflow.rules if _rule.script}
-    _digests = script_code_digests(_scripts.values(), cache=Path(".snakemake") / "pwopsd" / "code_digests.json")
+    _digests = script_code_digests(_scripts.values(), cache=Path(workflow.basedir) / ".snakemake" / "pwopsd" / "code_digests.json")
     for _rule, _script in _scripts.items():
         if _digests[str(_script)]:
             _rule.set_params(code=_digests[str(_script)])

@@ -4,7 +4,7 @@ Every rule that runs a script carries the digest of what the package modules its
 do (:func:`pwopsd.keys.script_code_digest`). Computing them parses every module of the package
 twice: about 1 s of each Snakemake start, a dry run's included, and of every cluster job's own
 start. :func:`script_code_digests` keeps them in a file (``.snakemake/pwopsd/code_digests.json``
-in the working directory) under the SHA-256 of the package's sources, of each script and of
+in the checkout, beside the Snakefile: one for every working directory) under the SHA-256 of the package's sources, of each script and of
 Python's version (which ``ast.dump`` follows): a changed source is another key, so the file can
 only ever answer what parsing would.
 """
