@@ -9,6 +9,7 @@ key helper and folder (``test_branch_viability.py``, ``test_grading.py`` resume 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -240,7 +241,8 @@ def test_the_snakefiles_code_params_are_read_back_only_for_the_sources_they_were
     assert script_digests.script_code_digests(scripts, cache=cache) == changed and len(calls) == len(scripts)
     one = tmp_path / "one_script.py"
     one.write_text("from pwopsd.io import read_json\n")
-    for broken in ("", "{not json", '{"package": 1}', "[]"):
+    package = script_digests.package_fingerprint()
+    for broken in ("", "{not json", '{"package": 1}', "[]", json.dumps({"package": package, "digests": [hashlib.sha256(one.read_bytes()).hexdigest()]})):
         cache.write_text(broken)
         assert script_digests.script_code_digests([one], cache=cache) == {str(one): real(one)}
     before = real(one)

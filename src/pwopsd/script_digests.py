@@ -4,9 +4,9 @@ Every rule that runs a script carries the digest of what the package modules its
 do (:func:`pwopsd.keys.script_code_digest`). Computing them parses every module of the package
 twice: about 1 s of each Snakemake start, a dry run's included, and of every cluster job's own
 start. :func:`script_code_digests` keeps them in a file (``.snakemake/pwopsd/code_digests.json``
-in the checkout, beside the Snakefile: one for every working directory) under the SHA-256 of the package's sources, of each script and of
-Python's version (which ``ast.dump`` follows): a changed source is another key, so the file can
-only ever answer what parsing would.
+in the checkout, beside the Snakefile: one for every working directory) under the SHA-256 of the
+package's sources, of each script and of Python's version (which ``ast.dump`` follows): a changed
+source is another key, so the file can only ever answer what parsing would.
 """
 
 from __future__ import annotations
@@ -43,9 +43,10 @@ def script_code_digests(scripts: Iterable[str | os.PathLike], cache: str | os.Pa
     cache, package = Path(cache), package_fingerprint()
     try:
         data = json.loads(cache.read_text())
-        known = data["digests"] if data.get("package") == package else {}
-    except (OSError, ValueError, KeyError, AttributeError, TypeError):
-        known = {}
+    except (OSError, ValueError):
+        data = None
+    ours = isinstance(data, dict) and data.get("package") == package and isinstance(data.get("digests"), dict)
+    known = data["digests"] if ours else {}
     out, used = {}, {}
     for script in scripts:
         key = hashlib.sha256(Path(script).read_bytes()).hexdigest()
@@ -56,6 +57,6 @@ def script_code_digests(scripts: Iterable[str | os.PathLike], cache: str | os.Pa
         try:
             with atomic_path(cache) as tmp:
                 tmp.write_text(json.dumps({"package": package, "digests": used}, sort_keys=True))
-        except OSError:  # a read-only working directory: the next start parses again
+        except OSError:  # a read-only checkout: the next start parses again
             pass
     return out
