@@ -241,8 +241,8 @@ def test_the_snakefiles_code_params_are_read_back_only_for_the_sources_they_were
     assert script_digests.script_code_digests(scripts, cache=cache) == changed and len(calls) == len(scripts)
     one = tmp_path / "one_script.py"
     one.write_text("from pwopsd.io import read_json\n")
-    package = script_digests.package_fingerprint()
-    for broken in ("", "{not json", '{"package": 1}', "[]", json.dumps({"package": package, "digests": [hashlib.sha256(one.read_bytes()).hexdigest()]})):
+    not_a_mapping = {"package": script_digests.package_fingerprint(), "digests": [hashlib.sha256(one.read_bytes()).hexdigest()]}
+    for broken in ("", "{not json", '{"package": 1}', "[]", json.dumps(not_a_mapping)):
         cache.write_text(broken)
         assert script_digests.script_code_digests([one], cache=cache) == {str(one): real(one)}
     before = real(one)

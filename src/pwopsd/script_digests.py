@@ -32,14 +32,12 @@ def package_fingerprint(root: Path | None = None) -> str:
     return h.hexdigest()
 
 
-def script_code_digests(scripts: Iterable[str | os.PathLike], cache: str | os.PathLike | None = None) -> dict[str, str | None]:
+def script_code_digests(scripts: Iterable[str | os.PathLike], cache: str | os.PathLike) -> dict[str, str | None]:
     """``{str(script): script_code_digest(script)}``, read from ``cache`` (a JSON file) where the
     package's sources and the script's bytes are those it was computed from. The file holds one
     package version's digests (a changed module replaces them all); an unreadable file is ignored
     and one that cannot be written is left as it is."""
     scripts = [str(s) for s in scripts]
-    if cache is None:
-        return {s: keys.script_code_digest(s) for s in scripts}
     cache, package = Path(cache), package_fingerprint()
     try:
         data = json.loads(cache.read_text())
