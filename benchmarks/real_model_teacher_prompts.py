@@ -29,7 +29,8 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=Path("/tmp/smol-cache"), help="the model's offline Hub cache (built if missing)")
     ap.add_argument("--problems", type=int, default=24)
     ap.add_argument("--samples", type=int, default=4)
-    ap.add_argument("--temperature", type=float, default=None, help="default: the overlay's training.temperature")
+    ap.add_argument("--temperature", type=float, default=None,
+                    help="default: the overlay's training.temperature; 0: greedy (what the model's mode answers)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="settings over the overlay (as real_model_learning.py)")
     args = ap.parse_args()
@@ -52,7 +53,8 @@ def main() -> None:
         raise SystemExit(f"--set {exc}") from None
     rows, _ = load_tiny(cfg["train_corpus"]["source"])
     rows = rows.iloc[: args.problems]
-    temperature = args.temperature or cfg["training"]["temperature"]
+    temperature = cfg["training"]["temperature"] if args.temperature is None else args.temperature
+    samples = args.samples if temperature > 0 else 1  # greedy: one answer a prompt
     snapshot = build_snapshot(args.cache)
     torch.set_num_threads(args.threads)
     dtype = rehearsal_dtype()
@@ -65,7 +67,7 @@ def main() -> None:
         "teacher, no transition paragraph": lambda r: (prompts.teacher_message(r.problem, r.solution, transition=False),
                                                        prompts.TEACHER),
     }
-    print(f"SmolLM2-135M-Instruct, {dtype}, {len(rows)} training problems x {args.samples} samples, "
+    print(f"SmolLM2-135M-Instruct, {dtype}, {len(rows)} training problems x {samples} samples, "
           f"temperature {temperature}, top_p {cfg['training']['rollout_top_p']}, top_k {cfg['training']['rollout_top_k']}, "
           f"{cfg['training']['max_completion_length']} new tokens")
     print("| prompt | boxes an answer | boxes the right answer | seconds |\n|---|---|---|---|")
@@ -75,11 +77,12 @@ def main() -> None:
         texts = [prompts.render(tok, *message(r)) for r in rows.itertuples()]
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.no_grad():
-            out = model.generate(**enc, do_sample=True, temperature=temperature, top_p=cfg["training"]["rollout_top_p"],
-                                 top_k=cfg["training"]["rollout_top_k"], max_new_tokens=cfg["training"]["max_completion_length"],
-                                 num_return_sequences=args.samples, pad_token_id=tok.pad_token_id)
+            sampling = (dict(do_sample=True, temperature=temperature, top_p=cfg["training"]["rollout_top_p"],
+                             top_k=cfg["training"]["rollout_top_k"]) if temperature > 0 else dict(do_sample=False, top_p=None, top_k=None))
+            out = model.generate(**enc, **sampling, max_new_tokens=cfg["training"]["max_completion_length"],
+                                 num_return_sequences=samples, pad_token_id=tok.pad_token_id)
         completions = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        answers = [rows.iloc[i // args.samples].answer for i in range(len(completions))]
+        answers = [rows.iloc[i // samples].answer for i in range(len(completions))]
         boxed = [extract_boxed(c) for c in completions]  # the last boxed answer, as the evaluation reads it
         n = len(completions)
         print(f"| {name} | {sum(b is not None for b in boxed) / n:.0%} | {sum(b is not None and b.strip() == a for b, a in zip(boxed, answers)) / n:.0%} "

@@ -439,8 +439,9 @@ def test_dotted_overrides_nest_and_type_a_benchmarks_settings():
 
 def test_the_learning_overlay_trains_apart_from_its_evaluation_and_has_both_controls():
     """config/learning.yaml (issue 53) over the paper config and the rehearsal: SmolLM2 only, its
-    corpus holds out the evaluation's problems, the two broken teachers are runs of their own, and
-    Table 2's layout lists them beside OPSD and PW-OPSD Moderate."""
+    corpus holds out the evaluation's problems and quotes its solutions in the model's own layout, the
+    two broken teachers are runs of their own, and Table 2's layout lists them beside OPSD and PW-OPSD
+    Moderate."""
     from pwopsd.config import load_config_files
     from pwopsd.config.design import method_runs
 
@@ -454,6 +455,10 @@ def test_the_learning_overlay_trains_apart_from_its_evaluation_and_has_both_cont
     assert cfg["tables"]["main"]["methods"] == ["opsd", "pwopsd_moderate", "opsd_no_solution", "opsd_teacher_student"]
     assert all(method_runs(cfg, m) for m in cfg["tables"]["main"]["methods"])
     assert (cfg["training"]["rollout_backend"], cfg["training"]["rollout_policy"]) == ("vllm", "merged_bf16")
+    # the teacher quotes the solution in the model's own numbered layout (docs/rehearsal.md)
+    from pwopsd.data import load_tiny
+    corpus, _ = load_tiny(cfg["train_corpus"]["source"])
+    assert all(s.startswith("1. ") and "\n\nSo, the answer is \\boxed{" in s for s in corpus["solution"])
     # the privileged template without its transition paragraph, for every run, controls included
     from pwopsd.config import training_config
     assert all(training_config(cfg, "smollm2_135m", r)["teacher_transition"] is False for r in cfg["tables"]["main"]["methods"])

@@ -160,3 +160,21 @@ def test_a_tiny_source_leaves_out_a_held_out_sources_problems():
     with pytest.raises(DataError, match="held_out"):
         load_tiny({"kind": "tiny", "n": 10, "levels": [1], "seed": 7, "max_operand": 1,
                    "held_out": [{"n": 40, "levels": [1], "seed": 1, "max_operand": 1}]})
+
+
+def test_a_tiny_sources_numbered_solutions_hold_the_worked_steps_and_answer_in_the_models_own_layout():
+    """source.solution: numbered (config/learning.yaml): the worked solution's steps, numbered, then
+    a blank line and "So, the answer is \\boxed{...}." (how SmolLM2-135M-Instruct lays out its greedy
+    answers); the problems and answers are the worked source's, and the grader reads the same answer."""
+    from pwopsd.data import load_tiny
+    from pwopsd.evaluation.grading import extract_boxed
+
+    source = {"kind": "tiny", "n": 6, "levels": [1, 2, 3], "seed": 7, "max_operand": 9, "max_value": 9}
+    worked, _ = load_tiny(source)
+    numbered, meta = load_tiny({**source, "solution": "numbered"})
+    assert meta["solution"] == "numbered"
+    assert worked[["problem", "answer"]].equals(numbered[["problem", "answer"]])
+    for w, n, answer, level in zip(worked["solution"], numbered["solution"], numbered["answer"], numbered["level"]):
+        steps = w.splitlines()[:-1]
+        assert n.splitlines() == [f"{i}. {s}" for i, s in enumerate(steps, 1)] + ["", f"So, the answer is \\boxed{{{answer}}}."]
+        assert len(steps) == level and extract_boxed(n) == extract_boxed(w) == answer

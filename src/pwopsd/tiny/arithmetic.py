@@ -56,13 +56,24 @@ class ArithmeticProblem:
     def answer_statement(self) -> str:
         return f"The answer is {self.answer}."
 
+    @property
+    def numbered_solution(self) -> str:
+        """The worked solution laid out as SmolLM2-135M-Instruct lays out its own greedy answers
+        (numbered steps, a blank line, "So, the answer is ..."): a pretrained model copies a
+        solution in its own layout more readily (docs/rehearsal.md, "Does it learn?")."""
+        steps = "\n".join(f"{i}. {line}" for i, line in enumerate(self.steps(), 1))
+        return f"{steps}\n\nSo, the answer is \\boxed{{{self.answer}}}."
+
     def reference_solution(self, style: str = "worked") -> str:
-        """What the privileged teacher prompt quotes: the worked solution or the answer alone."""
+        """What the privileged teacher prompt quotes: the worked solution (``worked``; ``numbered``:
+        in a pretrained model's own layout) or the answer alone."""
         if style == "worked":
             return self.worked_solution
+        if style == "numbered":
+            return self.numbered_solution
         if style == "answer":
             return self.answer_statement
-        raise ValueError(f"reference solution style must be 'worked' or 'answer', got {style!r}")
+        raise ValueError(f"reference solution style must be 'worked', 'numbered' or 'answer', got {style!r}")
 
 
 def sample_problem(rng: np.random.Generator, level: int, max_operand: int, max_value: int | None = None) -> ArithmeticProblem:
