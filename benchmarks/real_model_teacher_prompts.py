@@ -67,8 +67,9 @@ def main() -> None:
         "teacher, no transition paragraph": lambda r: (prompts.teacher_message(r.problem, r.solution, transition=False),
                                                        prompts.TEACHER),
     }
-    print(f"SmolLM2-135M-Instruct, {dtype}, {len(rows)} training problems x {samples} samples, "
-          f"temperature {temperature}, top_p {cfg['training']['rollout_top_p']}, top_k {cfg['training']['rollout_top_k']}, "
+    decoding = (f"temperature {temperature}, top_p {cfg['training']['rollout_top_p']}, top_k {cfg['training']['rollout_top_k']}"
+                if temperature > 0 else "greedy")
+    print(f"SmolLM2-135M-Instruct, {dtype}, {len(rows)} training problems x {samples} samples, {decoding}, "
           f"{cfg['training']['max_completion_length']} new tokens")
     print("| prompt | boxes an answer | boxes the right answer | seconds |\n|---|---|---|---|")
     for name, message in variants.items():
