@@ -1,12 +1,13 @@
 """Pinning torch's CPU kernel path for a run (config ``cpu_kernel_path``, pwopsd.runtime.pin_kernel_path)."""
 
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
-from pwopsd.runtime import cpu_flags, pin_kernel_path, provenance
+from pwopsd.runtime import compile_cache_dir, cpu_flags, pin_kernel_path, provenance
 
 ZEN3 = {"sse2", "avx", "avx2", "fma", "sha_ni"}
 ZEN5 = ZEN3 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}
@@ -95,3 +96,68 @@ def test_torch_takes_the_pinned_path_and_provenance_records_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout.split()
     assert out == ["default", "COMPATIBLE", "None", "False", "DEFAULT"]
     assert {"pinned_kernel_path", "mkl_cbwr", "cpu_capability"} <= set(provenance())
+
+
+def test_each_kernel_path_compiles_into_a_cache_of_its_own():
+    """torch.compile's cache (TORCHINDUCTOR_CACHE_DIR) is keyed by the run's kernel path; a folder a
+    user named is kept, one pinned for another path (inherited by a Slurm job) is replaced."""
+    from pwopsd.runtime import COMPILE_CACHE_ENV, pin_compile_cache
+
+    env = {"TMPDIR": "/scratch"}
+    avx2 = pin_compile_cache("avx2", env, ZEN5)
+    assert env[COMPILE_CACHE_ENV] == avx2 and avx2.startswith("/scratch/torchinductor_") and avx2.endswith("_avx2")
+    host512, host2 = pin_compile_cache(None, {"TMPDIR": "/scratch"}, ZEN5), pin_compile_cache(None, {"TMPDIR": "/scratch"}, ZEN3)
+    assert len({avx2, host512, host2, pin_compile_cache("avx512", {"TMPDIR": "/scratch"}, ZEN5)}) == 4
+    assert host512.endswith("_host-avx512") and host2.endswith("_host-avx2")
+    assert pin_compile_cache(None, {"TMPDIR": "/scratch"}, {"sse2"}).endswith("_host-default")
+    inherited = {"TMPDIR": "/scratch", COMPILE_CACHE_ENV: avx2}  # the submitting host's pin, on a node without it
+    assert pin_compile_cache(None, inherited, ZEN5) == host512 == inherited[COMPILE_CACHE_ENV]
+    own = {COMPILE_CACHE_ENV: "/scratch/my-cache"}
+    assert pin_compile_cache("avx2", own, ZEN5) == "/scratch/my-cache" == own[COMPILE_CACHE_ENV]
+
+
+# What a job computes with torch.compile on CPU: vLLM's unseeded draw (its CPU sampler compiles
+# softmax, exponential noise and argmax; vllm.v1.sample.ops.topk_topp_sampler).
+COMPILED_DRAW = """
+import os, sys, torch
+from pwopsd.runtime import pin_compile_cache, pin_kernel_path
+path, _ = pin_kernel_path(sys.argv[1])  # as workflow/rules/common.smk does for every job
+pin_compile_cache(path)
+@torch.compile(dynamic=True)
+def draw(logits):
+    probs = logits.softmax(dim=-1, dtype=torch.float32)
+    q = torch.empty_like(probs)
+    q.exponential_()
+    return probs.div(q).argmax(dim=-1), q
+torch.manual_seed(0)
+q = torch.cat([draw(torch.randn(rows, 1000))[1].flatten() for rows in (4, 8)])
+print(torch.backends.cpu.get_cpu_capability(), float(q.mean()), float(q.min()))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.heavy  # three torch.compile builds: about a minute of CPU
+def test_a_kernel_compiled_on_one_path_is_not_loaded_on_another(tmp_path):
+    """torch 2.13 keys inductor's cache without the instruction set: on an AVX512 host, a run on
+    torch's own path and then one pinned to avx2 sharing the cache drew noise with mean 0.5 and
+    values of 1e-31 (vLLM's unseeded samples became garbage, exit 0) or crashed. With the pinned
+    caches both runs draw Exp(1) noise. (On an AVX2-only host both paths compile the same code.)"""
+    if "avx2" not in cpu_flags() or shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("needs an x86-64 host with AVX2 and a C++ compiler (inductor's CPU code)")
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA",
+                                                             "TORCHINDUCTOR_CACHE_DIR")}
+    env["TMPDIR"] = str(tmp_path)  # the caches live here, not in the user's
+
+    def draw(path):
+        out = subprocess.run([sys.executable, "-c", COMPILED_DRAW, path], capture_output=True, text=True,
+                             env=env, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        capability, mean, low = out.stdout.split()
+        return capability, float(mean), float(low)
+
+    for path in ("host", "avx2", "host"):
+        capability, mean, low = draw(path)
+        assert abs(mean - 1) < 0.1 and low > 1e-9, f"{path} ({capability}): Exp(1) noise of mean {mean}, minimum {low}"
+    host = os.path.basename(compile_cache_dir(None))
+    # (torch keeps its precompiled headers in its default folder, keyed by their compile flags)
+    assert {host, host.rsplit("_", 1)[0] + "_avx2"} <= {p.name for p in tmp_path.glob("torchinductor_*")}

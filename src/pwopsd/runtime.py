@@ -244,6 +244,48 @@ def _pin_companions(path: str, environ) -> None:
             environ[name] = value
 
 
+# torch.compile's kernel cache (inductor). torch 2.13 keys it without the vector instruction set it
+# compiles for, which it takes from ATEN_CPU_CAPABILITY: on an AVX512 host, a kernel compiled on
+# torch's own path and loaded by a process pinned to avx2 (or the reverse) writes half of its output
+# or crashes ("double free or corruption"). vLLM's CPU sampler compiles its unseeded draw, so an
+# evaluation with seed `main` then sampled from garbage and exited 0 (measured: Avg@4 1.0 instead of
+# 10.4). Each kernel path gets a folder of its own.
+COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+COMPILE_CACHE_PREFIX = "torchinductor_"
+
+
+def compile_cache_dir(path: str | None, flags: set[str] | None = None, environ=os.environ) -> str:
+    """The compile cache for a run on kernel path ``path`` (None: torch picks its own, named by the
+    widest path this CPU takes: ``host-avx512``, ``host-avx2`` or ``host-default``) beside torch's
+    own default folder (the temporary folder; ``torchinductor_<user>``)."""
+    import getpass
+    import re
+    import tempfile
+
+    if path is None:
+        flags = cpu_flags() if flags is None else flags
+        path = "host-" + next((p for p in ("avx512", "avx2") if not _missing_flags(p, flags)), "default")
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = str(os.getuid())
+    user = re.sub(r'[\\/:*?"<>|]', "_", user)
+    return os.path.join(environ.get("TMPDIR") or tempfile.gettempdir(), f"{COMPILE_CACHE_PREFIX}{user}_{path}")
+
+
+def pin_compile_cache(path: str | None, environ=os.environ, flags: set[str] | None = None) -> str:
+    """Set the run's compile cache for kernel path ``path`` in ``environ`` (the jobs inherit it,
+    Slurm jobs too, whose node sets it again for its own path): a folder a user named is kept, one
+    this function named (another kernel path's, inherited) is replaced. Returns the folder."""
+    current = environ.get(COMPILE_CACHE_ENV)
+    ours = {os.path.basename(compile_cache_dir(p, set(), environ))
+            for p in (*KERNEL_PATHS, *(f"host-{k}" for k in KERNEL_PATHS))}
+    if current and os.path.basename(current.rstrip("/")) not in ours:
+        return current
+    environ[COMPILE_CACHE_ENV] = compile_cache_dir(path, flags, environ)
+    return environ[COMPILE_CACHE_ENV]
+
+
 def _cpuinfo_fields(cpuinfo: str = "/proc/cpuinfo") -> dict[str, str]:
     out: dict[str, str] = {}
     try:

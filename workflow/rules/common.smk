@@ -59,12 +59,15 @@ config.update(_validated)
 # are the same on every host that can take it. Jobs inherit the variable, Slurm jobs too.
 # How CPU float32 matrix products are computed (config cpu_matmul; tiny mode: exact, the same bits on
 # every CPU vendor, pwopsd.exact_matmul), set first: the kernel path's pin depends on it.
-from pwopsd.runtime import pin_kernel_path, pin_matmul
+# torch.compile's kernel cache follows the kernel path (torch keys it without the instruction set:
+# pwopsd.runtime.pin_compile_cache).
+from pwopsd.runtime import pin_compile_cache, pin_kernel_path, pin_matmul
 
 CPU_MATMUL = pin_matmul(config["cpu_matmul"])
 KERNEL_PATH, _kernel_note = pin_kernel_path(config["cpu_kernel_path"])
 if _kernel_note:
     logger.warning(_kernel_note)
+pin_compile_cache(KERNEL_PATH)
 
 # A run with the Slurm profile (--profile slurm): stop on the profile's CHANGE_ME placeholders before
 # any job, but let a run that submits nothing (-n, --dag, --rulegraph, --summary, ...) show its plan
