@@ -5,7 +5,8 @@ Runs the workflow with ``config/learning.yaml`` (over ``config/config.yaml`` and
 every step, OPSD and PW-OPSD Moderate with the privileged teacher, and the two broken teachers
 (``opsd_no_solution``: the teacher prompt without the solution; ``opsd_teacher_student``: the
 student's own prompt), each evaluated on the held-out one-shot problems with the workflow's own
-evaluation. Prints each run's Avg@n gain over the base model with its paired 95% interval
+evaluation. Prints the host and dtype, each checkpoint's Avg@n and format rate per seed, each
+run's Avg@n gain over the base model with its paired 95% interval
 (``pwopsd.report.significance.gains_over_base``), its steps and wall time, the rollouts' tokens per
 second, and the median seconds of each part of the engine's weight sync (after step 1) with the
 speed the merged weights were written at (what the cost plan's ``merged_sync_s_per_b_params``
@@ -79,10 +80,27 @@ def run(work: Path, configs: list[Path], runs: list[str], snakemake: Path) -> fl
     return time.time() - t0
 
 
+def scores(summaries: list[dict]) -> list[str]:
+    """Each checkpoint's Avg@n and format rate per evaluation seed (mean over benchmarks), in the
+    order the summaries come: what the gains below are differences of."""
+    rows: dict[str, dict[str, list[dict]]] = {}
+    for s in summaries:
+        rows.setdefault(s["checkpoint"], {}).setdefault(s["seed_name"], []).append(s["metrics_pct"])
+    seeds = sorted({seed for by_seed in rows.values() for seed in by_seed}, key=lambda x: (x != "main", x))
+    mean = lambda ms, key: sum(m[key] for m in ms) / len(ms)  # noqa: E731
+    out = [f"| checkpoint | Avg@n, seed {' / '.join(seeds)} | format rate, seed {' / '.join(seeds)} |", "|---|---|---|"]
+    for name, by_seed in rows.items():
+        cells = [" / ".join(f"{mean(by_seed[s], key):.1f}" if s in by_seed else "-" for s in seeds)
+                 for key in ("avg", "format_rate")]
+        out.append(f"| {name} | {cells[0]} | {cells[1]}% |")
+    return out
+
+
 def table(work: Path, configs: list[Path], runs: list[str], seconds: float) -> list[str]:
     from pwopsd.config import load_config_files
     from pwopsd.config.design import method_runs
     from pwopsd.report.significance import gains_over_base
+    from pwopsd.runtime import numeric_platform
 
     cfg = load_config_files(configs)
     names = [r for m in runs for r in method_runs(cfg, m)]
@@ -90,8 +108,11 @@ def table(work: Path, configs: list[Path], runs: list[str], seconds: float) -> l
                  for f in sorted((work / "results/metrics" / MODEL / c).glob("*/seed-*.json"))]
     benchmarks = sorted({s["benchmark"] for s in summaries})
     gains = gains_over_base(summaries, MODEL, names, benchmarks)
-    out = [f"config: {', '.join(p.name for p in configs)}; lr {cfg['training']['lr']}, {cfg['training']['stop_at']} steps "
-           f"of {cfg['training']['effective_batch']} rollouts; {seconds / 60:.1f} min in all",
+    host = numeric_platform()
+    out = [f"host: {host['model_name']} (family/model {host['family_model']}; {host['instruction_sets']}), 2 cores used; "
+           f"dtype {cfg['models'][MODEL]['dtype']}, cpu_kernel_path {cfg['cpu_kernel_path']}, torch {host['torch']}",
+           f"config: {', '.join(p.name for p in configs)}; lr {cfg['training']['lr']}, {cfg['training']['stop_at']} steps "
+           f"of {cfg['training']['effective_batch']} rollouts; {seconds / 60:.1f} min in all", *scores(summaries), "",
            "| run | gain over base, Avg@n (95% interval) | steps | step s | rollout tokens/s | sync s: merge / write / engine reload and probe / check | sync write GB/s |",
            "|---|---|---|---|---|---|---|"]
     for name in names:
