@@ -139,7 +139,14 @@ class _WandbRun:
         self.run.log(metrics, step=step)
 
     def close(self) -> None:
+        # finish() returns before W&B's service has written the run's last records (the offline
+        # file lacked its final steps when read right after it, about 1 time in 10 on a loaded
+        # host); teardown waits for the service to write everything and stop. A job holds one
+        # tracked run at a time, so no other run is cut short; a later run starts a new service.
+        import wandb
+
         self.run.finish()
+        wandb.teardown()
 
 
 class _MlflowRun:
