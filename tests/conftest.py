@@ -272,7 +272,8 @@ FIXTURE_PARTS = {"tiny_run": "tiny run", "vllm_python": "vLLM environment", "vll
                  "vllm_diagnostic": "vLLM diagnostic", "vllm_stack_env": "vLLM-stack environment",
                  "slurm_cluster": "Slurm cluster start", "slurm_run": "Slurm diagnostic",
                  "broken_trainings": "broken trainings",
-                 "slurm_training": "Slurm training interrupted", "real_model": "real model", "rehearsal": "rehearsal",
+                 "slurm_training": "Slurm training interrupted", "slurm_training_done": "Slurm training interrupted",
+                 "real_model": "real model", "rehearsal": "rehearsal",
                  "chromium": "Chromium"}
 
 
@@ -288,15 +289,19 @@ def pytest_configure(config):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Before ``-m`` selects: mark the tests that need a long part, or the package index, ``heavy``;
-    and within each module run the tests that wait for a part after those that do not, so that no
-    quick test waits behind a long part (in the full suite, test_workflow.py's quick tests had run
-    after the tiny run, on the critical path). Modules stay whole: their fixtures are made once."""
+    within each module run the tests that wait for a part after those that do not, and the tests
+    of the tiny run (the longest part) at the end of the session, so that no quick test waits
+    behind a long part (test_workflow.py's quick tests, then every module after test_slurm.py, had
+    run after the tiny run, on the critical path). A module's fixtures are then made once for its
+    quick tests and once for its tests of the tiny run: none that a test of the tiny run uses stops
+    anything when its module ends (test_slurm.py's cluster is not one of them)."""
     waits = {}
     for item in items:
         waits[item] = bool(set(item.fixturenames) & set(FIXTURE_PARTS))
         if waits[item] or item.get_closest_marker("network"):
             item.add_marker(pytest.mark.heavy)
-    items[:] = background.waiting_last(items, module=lambda item: item.module, waits=waits.get)
+    items[:] = background.waiting_last(items, module=lambda item: item.module, waits=waits.get,
+                                       last=lambda item: "tiny_run" in item.fixturenames)
 
 
 def pytest_collection_finish(session):

@@ -38,3 +38,11 @@ def test_within_a_module_the_tests_that_wait_for_a_part_run_last_and_modules_sta
              ("b", "quick3", False), ("a", "wait3", True)]
     ordered = background.waiting_last(tests, module=lambda t: t[0], waits=lambda t: t[2])
     assert [t[1] for t in ordered] == ["quick1", "quick2", "wait1", "wait3", "quick3", "wait2"]
+
+
+def test_the_tests_of_the_longest_part_run_at_the_end_of_the_session_by_module():
+    tests = [("a", "tiny1", True, True), ("a", "quick1", False, False), ("a", "wait1", True, False),
+             ("b", "tiny2", True, True), ("b", "quick2", False, False), ("c", "quick3", False, False),
+             ("a", "tiny3", True, True)]
+    ordered = background.waiting_last(tests, module=lambda t: t[0], waits=lambda t: t[2], last=lambda t: t[3])
+    assert [t[1] for t in ordered] == ["quick1", "wait1", "quick2", "quick3", "tiny1", "tiny3", "tiny2"]

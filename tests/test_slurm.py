@@ -659,6 +659,19 @@ def slurm_training(slurm_cluster):
     return background.result("Slurm training interrupted")
 
 
+@pytest.fixture(scope="module")
+def slurm_training_done():
+    """The interrupted trainings' working directory and jobs, read after this module's cluster may
+    have stopped (the working directory is not the cluster's): for the comparison with the tiny run,
+    which runs at the end of the session (conftest.py)."""
+    from slurm.cluster import SlurmUnavailable
+
+    try:
+        return background.result("Slurm training interrupted")
+    except SlurmUnavailable as exc:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"no test cluster on this machine: {exc}")
+
+
 def _resumed_step(log_text: str) -> int:
     found = re.findall(r"resumed from \S+/step-(\d+) \(step \d+\)", log_text)
     assert len(found) == 1, log_text[-3000:]
@@ -666,14 +679,13 @@ def _resumed_step(log_text: str) -> int:
 
 
 @pytest.mark.workflow
-def test_a_training_job_warned_by_its_time_limit_checkpoints_is_resubmitted_and_ends_as_the_uninterrupted_run(
-        slurm_training, slurm_cluster, tiny_run):
+def test_a_training_job_warned_by_its_time_limit_checkpoints_and_is_resubmitted(slurm_training, slurm_cluster):
     """Its limit cut after step 3 to within the profile's `--signal=TERM@600` window, the job is
     warned by slurmctld's time-limit timer (not by a test's signal), checkpoints the step in
     progress and fails with status 75 before the limit; Snakemake submits a new job (not a rerun
     inside the spent allocation), which resumes from that checkpoint, not from step 0 or the last
-    save_every one, and ends with the uninterrupted run's adapter and step log, bit for bit."""
-    (work, proc, done, jobs), (tiny, _) = slurm_training, tiny_run
+    save_every one (and ends as the uninterrupted run: the test after the tiny run below)."""
+    work, proc, done, jobs = slurm_training
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "opsd" in done and done["opsd"].get("warned") and "error" not in done["opsd"], done
     jobid, limit_min = done["opsd"]["jobid"], done["opsd"]["limit_min"]
@@ -690,17 +702,15 @@ def test_a_training_job_warned_by_its_time_limit_checkpoints_is_resubmitted_and_
     save_every = yaml.safe_load((work / "config/config.yaml").read_text())["training"]["save_every"]
     step = _resumed_step((work / "logs/train/tiny_qwen3/opsd.log").read_text())
     assert step == int(stopped[1]) and INTERRUPT_AFTER_STEPS <= step < save_every  # not a periodic save's step
-    _assert_same_run(work, tiny, "opsd")
 
 
 @pytest.mark.workflow
-def test_a_training_job_requeued_by_slurm_resumes_under_its_job_id_and_ends_as_the_uninterrupted_run(slurm_training,
-                                                                                                    tiny_run):
+def test_a_training_job_requeued_by_slurm_resumes_under_its_job_id(slurm_training):
     """`scontrol requeue` after step 3: Slurm's SIGTERM makes the job checkpoint the step in
     progress, the same job id runs again (SLURM_RESTART_COUNT=1; the executor plugin waits on a
-    REQUEUED job), resumes from that checkpoint and ends with the uninterrupted run's adapter and
-    step log, bit for bit."""
-    (work, proc, done, jobs), (tiny, _) = slurm_training, tiny_run
+    REQUEUED job), resumes from that checkpoint (and ends as the uninterrupted run: the test
+    after the tiny run below)."""
+    work, proc, done, jobs = slurm_training
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "eopd" in done and "monitor error" not in done, done
     runs = [j for j in jobs if j["comment"].endswith("_tiny_qwen3_eopd")]
@@ -710,7 +720,16 @@ def test_a_training_job_requeued_by_slurm_resumes_under_its_job_id_and_ends_as_t
     save_every = yaml.safe_load((work / "config/config.yaml").read_text())["training"]["save_every"]
     step = _resumed_step(log)
     assert INTERRUPT_AFTER_STEPS <= step < save_every  # not a periodic save's step
-    _assert_same_run(work, tiny, "eopd")
+
+
+@pytest.mark.workflow
+def test_the_warned_and_the_requeued_slurm_trainings_end_as_the_uninterrupted_runs(slurm_training_done, tiny_run):
+    """Each resumed training (OPSD warned by its time limit, EOPD requeued) ends with the tiny run's
+    adapter and step log for that method, bit for bit."""
+    (work, proc, done, jobs), (tiny, _) = slurm_training_done, tiny_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    for method in ("opsd", "eopd"):
+        _assert_same_run(work, tiny, method)
 
 
 def _assert_same_run(work, tiny, method):

@@ -43,10 +43,11 @@ def base(tiny_model_dir):
 
 # Each factor of the paper's settings at each of its values at least once: rollout policy, where the engine core runs, 1 or 2 training
 # processes, notice during the weight sync (right after the previous step's checkpoint or log:
-# "between steps") or as the rollouts run.
+# "between steps") or as the rollouts run. Two cases hold every value; a third (adapter, engine
+# core in process, 1 process, notice as rollouts start) repeated values of these two and cost three
+# trainings, each importing vLLM (issue 54).
 CASES = {  # name: (rollout policy, engine core in the engine's process, training processes, notice point)
     "merged_bf16, own engine-core process, notice during the weight sync": ("merged_bf16", False, 1, "sync:2"),
-    "adapter, engine core in process, notice as rollouts start": ("adapter", True, 1, "rollouts:3"),
     # 2 processes with the engine core in each rank's engine process: the rank processes are the ones
     # the signal must spare (the engine-core process of vLLM's default layout is the first case's).
     "adapter, 2 processes, engine cores in process, notice as rollouts start": ("adapter", True, 2, "rollouts:2"),
