@@ -260,17 +260,23 @@ def _stop(cluster):
         shutil.rmtree(cluster.root, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def slurm_cluster():
-    """The test Slurm, stopped after this module's tests (or, should the session end first, at its end)."""
+def slurm_part(name: str):
+    """A part of the test Slurm's (waited for); with no cluster on the machine, a skip, or in CI a
+    failure (CI installs what the cluster needs: a missing install there is a failure)."""
     from slurm.cluster import SlurmUnavailable
 
     try:
-        cluster = background.result("Slurm cluster start")
+        return background.result(name)
     except SlurmUnavailable as exc:
-        if os.environ.get("CI"):  # CI installs what the cluster needs: a missing install there is a failure
+        if os.environ.get("CI"):
             pytest.fail(f"CI could not start the test cluster: {exc}")
         pytest.skip(f"no test cluster on this machine: {exc}")
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    """The test Slurm, stopped after this module's tests (or, should the session end first, at its end)."""
+    cluster = slurm_part("Slurm cluster start")
     yield cluster
     cluster.stop()
     assert cluster.running() == []  # every daemon it started is gone
@@ -664,12 +670,7 @@ def slurm_training_done():
     """The interrupted trainings' working directory and jobs, read after this module's cluster may
     have stopped (the working directory is not the cluster's): for the comparison with the tiny run,
     which runs at the end of the session (conftest.py)."""
-    from slurm.cluster import SlurmUnavailable
-
-    try:
-        return background.result("Slurm training interrupted")
-    except SlurmUnavailable as exc:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"no test cluster on this machine: {exc}")
+    return slurm_part("Slurm training interrupted")
 
 
 def _resumed_step(log_text: str) -> int:
