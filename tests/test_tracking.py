@@ -69,10 +69,13 @@ def test_a_resumed_job_continues_its_tracked_run_without_repeating_steps(tmp_pat
     second.close()
     assert sent == [False, True, True, True]
     # closed means written: W&B's service process has stopped (finish() alone returned while it was
-    # still writing the last steps, and reading the run then lacked them about 1 time in 10)
-    import psutil
+    # still writing the last steps, and reading the run then lacked them about 1 time in 10). The service
+    # is a direct child of the process that opened the run; descendants are not looked at, since in CI
+    # the tiny run's jobs (tracked with W&B) run below this pytest process with services of their own
+    if backend == "wandb":
+        import psutil
 
-    assert not [p.name() for p in psutil.Process().children(recursive=True) if p.name() == "wandb-core"]
+        assert not [p.name() for p in psutil.Process().children(recursive=False) if p.name() == "wandb-core"]
     runs = stored(tmp_path, backend)
     assert list(runs) == [run.run_id]
     got = runs[run.run_id]
