@@ -202,7 +202,9 @@ def test_hanging_input_is_killed_within_the_hard_limit_and_grading_goes_on():
         elapsed = time.monotonic() - t0
         assert [g.correct for g in grades] == [False, True, True, False]
         assert [g.status for g in grades] == [STATUS_TIMEOUT, "ok", "ok", STATUS_TIMEOUT]
-        assert elapsed < 8  # two timeouts of 2 s in parallel (the signal timeout would hang for minutes)
+        # the kills are counted above; the clock only tells a hard limit from the signal timeout, which hangs
+        # on this tower for minutes (a loaded CI host took 10 s for these two 2-s limits and the restarts)
+        assert elapsed < 60
         assert pool.stats["timeouts"] == 2 and pool.stats["restarts"] == 2
         assert pool.grade_pairs([("5", "5")])[0].correct  # replaced workers still grade
 
