@@ -273,6 +273,19 @@ def test_tiny_mode_through_vllm_needs_the_cpu_kv_cache_setting():
         validate_config(merged)
 
 
+def test_mc_dropout_over_more_layers_than_the_tiny_model_has_is_named_before_any_job():
+    """The diagnostic's MC dropout perturbs the last ``last_layers`` blocks; a tiny model with fewer
+    would fail only at the mc_dropout job, after the build and the teacher pass."""
+    tiny = yaml.safe_load((REPO / "tiny" / "config" / "config.yaml").read_text())
+    layers = tiny["tiny"]["num_hidden_layers"]
+    tiny.setdefault("diagnostic", {})["mc_dropout"] = {"last_layers": layers}
+    validate_config(copy.deepcopy(tiny))
+    tiny["diagnostic"]["mc_dropout"]["last_layers"] = layers + 1
+    with pytest.raises(ConfigError, match=rf"diagnostic\.mc_dropout\.last_layers: {layers + 1} but the tiny model has "
+                                          rf"tiny\.num_hidden_layers {layers}"):
+        validate_config(tiny)
+
+
 def test_the_paper_trains_with_a_colocated_vllm_rollout_engine_per_model_memory_fraction():
     from pwopsd.config import training_config
 

@@ -184,6 +184,12 @@ def _semantic_problems(cfg: dict) -> list[str]:
         lo, hi = tiny["student_accuracy_range"]
         if lo >= hi:
             problems.append(f"tiny.student_accuracy_range: lower bound {lo} must be below upper bound {hi}")
+    built_by_tiny = {n for n, m in cfg["models"].items() if m.get("built_by") == "tiny"}
+    dropout = cfg.get("diagnostic", {}).get("mc_dropout", {})
+    if tiny and "num_hidden_layers" in tiny and built_by_tiny & diagnosed \
+            and dropout.get("last_layers", 0) > tiny["num_hidden_layers"]:
+        problems.append(f"diagnostic.mc_dropout.last_layers: {dropout['last_layers']} but the tiny model has "
+                        f"tiny.num_hidden_layers {tiny['num_hidden_layers']}")
     return problems
 
 
