@@ -328,6 +328,41 @@ class Pretraining:
         return len(self.losses)
 
 
+def pretraining_optimizer(model, cfg: TinyBuildConfig):
+    """AdamW over the model's parameters, without weight decay on the vectors (norms)."""
+    import torch
+
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.98),
+    )
+
+
+def pretraining_backward(model, tokenizer, batch: list, cfg: TinyBuildConfig, rows: slice = slice(None)) -> float:
+    """Forward and backward of a pretraining step's examples, gradients accumulated into the
+    parameters: each length bucket's mean loss weighted by its share of the step's target tokens.
+    ``rows`` takes a part of every bucket (e.g. one process's half, ``benchmarks/tiny_build_processes.py``),
+    padded and weighted as in the whole step. Returns the part's loss."""
+    # Teacher prompts are ~3x longer than student ones: two length buckets waste less padding.
+    buckets = [[b for b in batch if b[1] == "teacher"], [b for b in batch if b[1] != "teacher"]]
+    encoded = [collate(tokenizer, [format_example(tokenizer, p, fmt, cfg.reference_solution, slips) for p, fmt, slips in bk])
+               for bk in buckets if bk]
+    n_tokens = sum(int((lab[:, 1:] != -100).sum()) for _, _, lab in encoded)
+    loss = 0.0
+    for ids, attn, labels in encoded:
+        ids, attn, labels = ids[rows], attn[rows], labels[rows]
+        if len(ids) == 0:
+            continue
+        part = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        part = part * int((labels[:, 1:] != -100).sum()) / n_tokens
+        part.backward()
+        loss += float(part.detach())
+    return loss
+
+
 def pretrain(model, tokenizer, cfg: TinyBuildConfig, log_every: int = 50) -> Pretraining:
     """Pretrain until the model passes the build check with ``check_margin`` to spare (see the
     module's docstring), at most ``max_steps`` steps."""
@@ -335,13 +370,7 @@ def pretrain(model, tokenizer, cfg: TinyBuildConfig, log_every: int = 50) -> Pre
 
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(0.9, 0.98),
-    )
+    opt = pretraining_optimizer(model, cfg)
     losses, checks = [], []
     t0 = time.time()
     for step in range(cfg.max_steps):
@@ -350,17 +379,7 @@ def pretrain(model, tokenizer, cfg: TinyBuildConfig, log_every: int = 50) -> Pre
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         opt.zero_grad(set_to_none=True)
-        # Teacher prompts are ~3x longer than student ones: two length buckets waste less padding.
-        buckets = [[b for b in batch if b[1] == "teacher"], [b for b in batch if b[1] != "teacher"]]
-        encoded = [collate(tokenizer, [format_example(tokenizer, p, fmt, cfg.reference_solution, slips) for p, fmt, slips in bk])
-                   for bk in buckets if bk]
-        n_tokens = sum(int((lab[:, 1:] != -100).sum()) for _, _, lab in encoded)
-        loss = 0.0
-        for ids, attn, labels in encoded:
-            part = model(input_ids=ids, attention_mask=attn, labels=labels).loss
-            part = part * int((labels[:, 1:] != -100).sum()) / n_tokens
-            part.backward()
-            loss += float(part.detach())
+        loss = pretraining_backward(model, tokenizer, batch, cfg)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         losses.append(loss)
