@@ -131,3 +131,28 @@ def test_teacher_prompt_ablations():
     assert blank == prompts.teacher_message(e.problem, "") and e.solution not in blank and "7 - 3 = 4" not in blank
     with pytest.raises(ValueError, match="teacher_prompt must be one of"):
         teacher_message_for(e, "student")  # the trainer uses the student's own prompt ids for it
+
+
+def test_a_steps_parts_add_up_to_the_whole_steps_loss_and_gradient(tok):
+    """``pretraining_backward`` over parts of a step's rows (one process's half, as
+    benchmarks/tiny_build_processes.py splits it) weights each part by its share of the whole
+    step's target tokens: the parts' losses and gradients add up to the whole step's (up to
+    float32 rounding: another order of sums)."""
+    import torch
+
+    from pwopsd.tiny.model import build_model, pretraining_backward
+
+    cfg = TinyBuildConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                          num_key_value_heads=1, head_dim=32, seed=5)
+    model = build_model(cfg, tok)
+    rng = np.random.default_rng(5)
+    batch = [sample_pretraining_example(rng, cfg) for _ in range(12)]
+    assert {fmt == "teacher" for _, fmt, _ in batch} == {True, False}  # both length buckets
+    whole = pretraining_backward(model, tok, batch, cfg)
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    halves = [pretraining_backward(model, tok, batch, cfg, rows=slice(r, None, 2)) for r in (0, 1)]
+    assert sum(halves) == pytest.approx(whole, rel=1e-5)
+    assert all(h < whole for h in halves)
+    for got, ref in zip((p.grad for p in model.parameters()), want):
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-6)
