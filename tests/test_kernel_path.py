@@ -7,11 +7,12 @@ import sys
 
 import pytest
 
-from pwopsd.runtime import compile_cache_dir, cpu_flags, pin_kernel_path, provenance
+from pwopsd.runtime import KERNEL_PATHS, MATMUL_ENV, compile_cache_dir, cpu_flags, pin_kernel_path, provenance
 
 ZEN3 = {"sse2", "avx", "avx2", "fma", "sha_ni"}
 ZEN5 = ZEN3 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}
-AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+AVX2_ENV = dict(KERNEL_PATHS["avx2"]["env"])
+PIN_NAMES = {name for path in KERNEL_PATHS.values() for name in path["env"]}
 
 
 def test_a_host_that_can_take_the_path_gets_it_in_the_jobs_environment():
@@ -48,8 +49,7 @@ def test_a_path_in_the_environment_is_kept_checked_and_said():
     path, note = pin_kernel_path("avx2", env, ZEN5)
     # the forced path is pinned completely (issue 51: MKL and oneDNN were left to the CPU, while
     # provenance and the training key said the path was pinned)
-    assert path == "default" and env == {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE",
-                                          "ONEDNN_MAX_CPU_ISA": "SSE41"} and "overrides cpu_kernel_path=avx2" in note
+    assert path == "default" and env == KERNEL_PATHS["default"]["env"] and "overrides cpu_kernel_path=avx2" in note
     env = {"ATEN_CPU_CAPABILITY": "avx2"}
     assert pin_kernel_path("host", env, ZEN5) == ("avx2", None) and env == AVX2_ENV
     env = dict(AVX2_ENV)  # inherited by a node without AVX2: removed, torch picks its own
@@ -65,15 +65,17 @@ def test_a_path_in_the_environment_is_kept_checked_and_said():
         pin_kernel_path("sse4", {}, ZEN5)
 
 
-def test_with_exact_products_only_torch_s_own_path_is_pinned():
+def test_with_exact_products_mkl_and_onednn_are_left_alone_and_numpy_is_pinned():
     """cpu_matmul: exact (tiny mode): MKL and oneDNN compute nothing that reaches a result, so their
-    instruction sets are left to them (the fastest code); the pin is complete without them."""
-    from pwopsd.runtime import MATMUL_ENV, pin_matmul
+    instruction sets are left to them (the fastest code); NumPy's BLAS and vector loops still
+    choose by CPU model, so they are pinned to the path."""
+    from pwopsd.runtime import pin_matmul
 
     env = {}
     pin_matmul("exact", env)
     assert pin_kernel_path("avx2", env, ZEN5) == ("avx2", None)
-    assert env == {MATMUL_ENV: "exact", "ATEN_CPU_CAPABILITY": "avx2"}
+    assert env == {MATMUL_ENV: "exact", "ATEN_CPU_CAPABILITY": "avx2", "OPENBLAS_CORETYPE": "Haswell",
+                   "NPY_DISABLE_CPU_FEATURES": KERNEL_PATHS["avx2"]["env"]["NPY_DISABLE_CPU_FEATURES"]}
     with pytest.raises(ValueError, match="cpu_matmul must be one of"):
         pin_matmul("fast", {})
 
@@ -85,6 +87,27 @@ def test_cpu_flags_reads_the_first_flags_line(tmp_path):
     assert cpu_flags(str(tmp_path / "missing")) == set()
 
 
+def test_numpy_takes_the_pinned_blas_kernels_and_vector_loops():
+    """The pin takes effect (a setting a library ignored would fail here): in a job's process
+    OpenBLAS runs its Haswell kernels and NumPy dispatches no AVX512 loop, also on an AVX512 host,
+    where both would otherwise take their AVX512 code."""
+    if "avx2" not in cpu_flags():
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("needs an x86-64 host with AVX2")
+    code = ("import ctypes, glob, os, numpy as np; "
+            "from numpy._core._multiarray_umath import __cpu_features__ as f; "
+            "lib = ctypes.CDLL(glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, 'numpy.libs', "
+            "'libscipy_openblas*.so'))[0]); "
+            "fn = getattr(lib, 'scipy_openblas_get_corename64_', None) or lib.openblas_get_corename; "
+            "fn.restype = ctypes.c_char_p; "
+            "print(fn().decode(), any(v for k, v in f.items() if k.startswith(('AVX512', 'X86_V4')))) ")
+    env = {k: v for k, v in os.environ.items() if k not in PIN_NAMES}
+    env[MATMUL_ENV] = "exact"
+    pin_kernel_path("avx2", env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["Haswell", "False"], out.stdout
+
+
 def test_torch_takes_the_pinned_path_and_provenance_records_it():
     """The variables set before torch starts decide its path (the jobs inherit them), and every
     result's provenance names the pinned path, also in a process that never imported torch."""
@@ -92,7 +115,7 @@ def test_torch_takes_the_pinned_path_and_provenance_records_it():
             "pin_kernel_path('default', os.environ); p = provenance(); "
             "print(p['pinned_kernel_path'], p['mkl_cbwr'], p['cpu_capability'], 'torch' in sys.modules); "
             "import torch; print(torch.backends.cpu.get_cpu_capability())")
-    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")}
+    env = {k: v for k, v in os.environ.items() if k not in PIN_NAMES}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout.split()
     assert out == ["default", "COMPATIBLE", "None", "False", "DEFAULT"]
     assert {"pinned_kernel_path", "mkl_cbwr", "cpu_capability"} <= set(provenance())
@@ -148,8 +171,7 @@ def test_a_kernel_compiled_on_one_path_is_not_loaded_on_another(tmp_path):
         # every CI host kind is x86-64 with AVX2 and gcc: there a skip would hide the check
         (pytest.fail if os.environ.get("CI") else pytest.skip)(
             "needs an x86-64 host with AVX2 and a C++ compiler (inductor's CPU code)")
-    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA",
-                                                             "TORCHINDUCTOR_CACHE_DIR")}
+    env = {k: v for k, v in os.environ.items() if k not in PIN_NAMES | {"TORCHINDUCTOR_CACHE_DIR"}}
     env["TMPDIR"] = str(tmp_path)  # the caches live here, not in the user's
 
     def draw(path):

@@ -127,6 +127,29 @@ int pwopsd_round(const float *x, double *out, int64_t batch, int64_t rows, int64
     free(scale); free(recip); free(largest);
     return 0;
 }
+
+/* The elementwise functions of pwopsd.exact_elementwise, in its order (UNARY): the C library's
+ * double-precision functions, called one value at a time through a pointer (so the compiler can
+ * neither inline nor vectorize them), a float32 value widened exactly and the result rounded once. */
+typedef double (*unary_fn)(double);
+static const unary_fn UNARY[] = {acos, asin, atan, cos, erf, erfc, exp, log, log10, log2, sin, sqrt, tan,
+                                 tanh, trunc};
+
+/* out[i] = f(x[i]) for n contiguous values, float64 (is_double) or float32; -1 for an unknown op. */
+int pwopsd_unary(int op, const void *x, void *out, int64_t n, int is_double) {
+    if (op < 0 || op >= (int)(sizeof UNARY / sizeof UNARY[0])) return -1;
+    unary_fn f = UNARY[op];
+    if (is_double) {
+        const double *a = x;
+        double *o = out;
+        for (int64_t i = 0; i < n; i++) o[i] = f(a[i]);
+    } else {
+        const float *a = x;
+        float *o = out;
+        for (int64_t i = 0; i < n; i++) o[i] = (float)f((double)a[i]);
+    }
+    return 0;
+}
 """
 
 _state: dict = {}
@@ -178,28 +201,43 @@ def build(compiler: str) -> Path:
     return path
 
 
-def _load():
-    """The compiled function, or None (turned off, no compiler, or the build failed: warned once)."""
+def _library():
+    """The compiled library, or None (turned off, no compiler, or the build failed: warned once)."""
     choice = os.environ.get(ENV, "c")
     if choice not in ("c", "torch"):
         raise ValueError(f"{ENV}={choice!r}: expected c or torch")
     if choice == "torch":
         return None
-    if "fn" not in _state:
-        fn = None
+    if "lib" not in _state:
+        lib = None
         compiler = _compiler()
         if compiler is not None:
             try:
-                fn = ctypes.CDLL(str(build(compiler))).pwopsd_round
-                fn.restype = ctypes.c_int
-                fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 4 + [ctypes.c_int, ctypes.c_int]
+                lib = ctypes.CDLL(str(build(compiler)))
+                lib.pwopsd_round.restype = ctypes.c_int
+                lib.pwopsd_round.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 4 + [ctypes.c_int] * 2
+                lib.pwopsd_unary.restype = ctypes.c_int
+                lib.pwopsd_unary.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
             except (OSError, subprocess.CalledProcessError) as exc:
                 detail = getattr(exc, "stderr", "") or exc
-                warnings.warn(f"pwopsd.exact_kernel: the compiled rounding did not build ({detail}); "
-                              f"the torch path gives the same bits, more slowly", RuntimeWarning, stacklevel=3)
-                fn = None
-        _state["fn"] = fn
-    return _state["fn"]
+                warnings.warn(f"pwopsd.exact_kernel: the compiled kernels did not build ({detail}); "
+                              f"the Python paths give the same bits, more slowly", RuntimeWarning, stacklevel=3)
+                lib = None
+        _state["lib"] = lib
+    return _state["lib"]
+
+
+def _load():
+    """The compiled rounding, or None."""
+    lib = _library()
+    return None if lib is None else lib.pwopsd_round
+
+
+def unary():
+    """The compiled elementwise function (``pwopsd_unary``), or None: see
+    :mod:`pwopsd.exact_elementwise`."""
+    lib = _library()
+    return None if lib is None else lib.pwopsd_unary
 
 
 def available() -> bool:

@@ -29,8 +29,11 @@ four), for float32 inputs; other dtypes run torch's own kernel. The fused CPU at
 MKL directly, so :func:`install` also turns it off, and attention runs torch's reference math.
 That math's softmax backward kernel splits its rows between threads, so results hold for the
 configured thread count (tiny mode's build: 2), not across thread counts (docs/decisions.md).
-``tests/test_exact_matmul.py`` checks with ``MKL_VERBOSE`` and ``ONEDNN_VERBOSE`` that a tiny
-build step, training step and generation call no vendor routine but ``DGEMM``.
+MKL also computes torch's float32 ``sqrt``, ``exp``, ``log``, ``cos`` and others (its vector math),
+by the CPU's vendor too: :func:`install` routes those through :mod:`pwopsd.exact_elementwise`.
+``tests/test_exact_matmul.py`` checks with ``MKL_VERBOSE`` and ``ONEDNN_VERBOSE``, and under a
+debugger for the vector math that ``MKL_VERBOSE`` does not report, that a tiny build step,
+training step and generation call no vendor routine but ``DGEMM``.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import os
 
 import torch
 
-from pwopsd import exact_kernel
+from pwopsd import exact_elementwise, exact_kernel
 
 ENV = "PWOPSD_CPU_MATMUL"  # "exact": the jobs of a run install the exact products (set by the pin)
 MANTISSA_BITS = 53  # float64
@@ -170,7 +173,8 @@ def installed() -> bool:
 def install() -> None:
     """Make this process's CPU float32 matrix products exact (idempotent). Also turns off torch's
     fused CPU attention kernels, which call MKL directly: attention then runs its reference math
-    (matrix products and a softmax), through the kernels above."""
+    (matrix products and a softmax), through the kernels above; and routes the elementwise
+    functions torch would send to MKL's vector math (:mod:`pwopsd.exact_elementwise`)."""
     global _library
     if _library is not None:
         return
@@ -183,6 +187,7 @@ def install() -> None:
             lib.impl(name, _kernel(name), "CPU")
     torch.backends.cuda.enable_flash_sdp(False)  # the flag also governs the CPU flash kernel
     torch.backends.cuda.enable_mem_efficient_sdp(False)
+    exact_elementwise.install()  # the elementwise functions MKL would compute (its vector math)
     _library = lib
 
 
@@ -194,6 +199,7 @@ def uninstall() -> None:
         _library = None
         torch.backends.cuda.enable_flash_sdp(True)
         torch.backends.cuda.enable_mem_efficient_sdp(True)
+        exact_elementwise.uninstall()
 
 
 def install_if_configured(environ=os.environ) -> bool:

@@ -136,15 +136,27 @@ def cpu_capability() -> str | None:
 # to MKL and oneDNN, which pick their instruction set from the CPU unless MKL_CBWR (conditional
 # numerical reproducibility) and ONEDNN_MAX_CPU_ISA say otherwise: on an AVX512 Intel host, MKL would
 # round differently from an AVX2 one with ATen pinned alone. (On this project's AVX2 hosts the two
-# MKL/oneDNN settings leave the bits as they were: measured on a Zen 3 host.)
+# MKL/oneDNN settings leave the bits as they were: measured on a Zen 3 host.) NumPy picks its BLAS
+# kernels (OpenBLAS, by CPU model: SkylakeX on an AVX512 Intel host, Haswell on an AVX2 one) and its
+# own vector loops (float64 exp, log, sin on AVX512) from the CPU too: OPENBLAS_CORETYPE and
+# NPY_DISABLE_CPU_FEATURES (named as numpy 2.4 and as numpy 2.3 name them; a name a version does not
+# know is ignored) hold them to the path. Features the host lacks are not disabled by it, so a pin
+# with them changes nothing there.
+_NUMPY_AVX512 = ("X86_V4 AVX512F AVX512CD AVX512_KNL AVX512_KNM AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL "
+                 "AVX512_SPR AVX512_FP16")
 KERNEL_PATHS = {
     "default": {"flags": (), "env": {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE",
-                                     "ONEDNN_MAX_CPU_ISA": "SSE41"}},
+                                     "ONEDNN_MAX_CPU_ISA": "SSE41", "OPENBLAS_CORETYPE": "Prescott",
+                                     "NPY_DISABLE_CPU_FEATURES": f"X86_V3 AVX AVX2 F16C FMA3 {_NUMPY_AVX512}"}},
     "avx2": {"flags": ("avx2", "fma"), "env": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT",
-                                               "ONEDNN_MAX_CPU_ISA": "AVX2"}},
+                                               "ONEDNN_MAX_CPU_ISA": "AVX2", "OPENBLAS_CORETYPE": "Haswell",
+                                               "NPY_DISABLE_CPU_FEATURES": _NUMPY_AVX512}},
     "avx512": {"flags": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"),
-               "env": {"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AVX512,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}},
+               "env": {"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AVX512,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+                       "OPENBLAS_CORETYPE": "SkylakeX"}},
 }
+# In exact mode (cpu_matmul: exact) MKL and oneDNN decide no result: their settings are left alone.
+_VENDOR_MATMUL_ENV = ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
 KERNEL_PATH_ENV = "ATEN_CPU_CAPABILITY"
 
 
@@ -234,14 +246,14 @@ def pin_kernel_path(requested: str, environ=os.environ, flags: set[str] | None =
 
 
 def _pin_companions(path: str, environ) -> None:
-    """MKL's and oneDNN's instruction sets for ``path`` where unset or empty (a user's own setting
-    is kept), unless the matrix products are exact (``cpu_matmul: exact``: MKL and oneDNN then
-    decide no result, and their fastest code runs)."""
-    if environ.get(MATMUL_ENV) == "exact":
-        return
+    """MKL's, oneDNN's, OpenBLAS's and NumPy's instruction sets for ``path`` where unset or empty (a
+    user's own setting is kept); MKL's and oneDNN's not when the matrix products are exact
+    (``cpu_matmul: exact``: they then decide no result, and their fastest code runs)."""
+    exact = environ.get(MATMUL_ENV) == "exact"
     for name, value in KERNEL_PATHS[path]["env"].items():
-        if name != KERNEL_PATH_ENV and not environ.get(name):
-            environ[name] = value
+        if name == KERNEL_PATH_ENV or environ.get(name) or exact and name in _VENDOR_MATMUL_ENV:
+            continue
+        environ[name] = value
 
 
 # torch.compile's kernel cache (inductor). torch 2.13 keys it without the vector instruction set it
@@ -320,6 +332,9 @@ def numeric_platform() -> dict:
         "cpu_matmul": pinned_matmul(),
         "mkl_cbwr": os.environ.get("MKL_CBWR") or None,
         "mkl": mkl,
+        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE") or None,
+        "numpy_disabled": os.environ.get("NPY_DISABLE_CPU_FEATURES") or None,
+        "libc": " ".join(platform.libc_ver()) or None,
         "torch": torch.__version__,
         "numpy": versions().get("numpy"),
         "python": platform.python_version(),
