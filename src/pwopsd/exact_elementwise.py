@@ -24,6 +24,12 @@ are (config ``cpu_matmul: exact``, tiny mode); autograd's formulas call these ke
 dtypes (bfloat16, half, complex) and the ``out=`` forms run torch's own kernels: tiny mode computes
 in float32, and ``tests/test_exact_matmul.py`` checks under a debugger that a tiny build step,
 training step and generation call no MKL vector-math function.
+
+Dropout's masks too: torch draws ``bernoulli_(p)`` (a scalar ``p``: ``F.dropout``, the diagnostic's
+MC dropout) from MKL's random streams on an Intel CPU and from its own generator on any other
+vendor (an explicit vendor test in ATen), so the same seed gave other masks on Intel than on AMD.
+:func:`install` sends it to the form with a tensor of probabilities, which draws from torch's own
+generator on every CPU.
 """
 
 from __future__ import annotations
@@ -116,7 +122,17 @@ def install() -> None:
             functional, in_place = _kernels(name)
             lib.impl(name, functional, "CPU")
             lib.impl(f"{name}_", in_place, "CPU")
+        lib.impl("bernoulli_.float", bernoulli_, "CPU")
     _library = lib
+
+
+def bernoulli_(x: torch.Tensor, p: float = 0.5, *, generator=None) -> torch.Tensor:
+    """``x.bernoulli_(p)`` for a scalar ``p`` on the CPU, drawn as with a tensor of probabilities
+    (``aten::bernoulli_.Tensor``): from torch's own generator on every CPU vendor, where torch's
+    scalar form draws from MKL's streams on Intel CPUs alone."""
+    if not 0 <= p <= 1:
+        raise ValueError(f"bernoulli_ expects p to be in [0, 1], but got p={p}")
+    return x.bernoulli_(torch.full(x.shape, p, dtype=torch.float64), generator=generator)
 
 
 def uninstall() -> None:
