@@ -233,6 +233,11 @@ def _learning_gains(summaries: list[dict], runs: list[str]) -> dict:
 
 
 @pytest.mark.workflow
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "issue 50: on the build that every CPU now gives (MKL's vector math and Intel-only dropout streams taken "
+    "out of tiny mode), OPSD's two runs gain +3.6 [-3.0, +10.3] and +4.3 [-2.2, +10.7] Avg@12 points over the "
+    "base model, PW-OPSD Moderate's +7.0 [+0.9, +13.2] and +6.2 [+0.1, +12.2]: the toy is not robust to its "
+    "bits (docs/tiny_robustness.md). Strict: this fails, to be removed, once the toy's conclusion holds"))
 def test_self_distillation_beats_the_base_model(tiny_run):
     """Tiny mode is a toy in which the method works: every training run of OPSD and PW-OPSD
     Moderate (two training seeds each) beats the base model it started from, with a paired 95%
