@@ -113,17 +113,23 @@ def install() -> None:
     global _library
     if _library is not None:
         return
+    kernels = {"bernoulli_.float": bernoulli_}
+    for name in UNARY:
+        kernels[name], kernels[f"{name}_"] = _kernels(name)
+    _library = override_cpu_kernels(kernels)
+
+
+def override_cpu_kernels(kernels: dict) -> torch.library.Library:
+    """Register each ``{aten op name: function}`` as torch's CPU kernel of that op; the returned
+    library holds them until its ``_destroy()``. (Shared with :mod:`pwopsd.exact_matmul`.)"""
     import warnings
 
     lib = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
-        for name in UNARY:
-            functional, in_place = _kernels(name)
-            lib.impl(name, functional, "CPU")
-            lib.impl(f"{name}_", in_place, "CPU")
-        lib.impl("bernoulli_.float", bernoulli_, "CPU")
-    _library = lib
+        for name, fn in kernels.items():
+            lib.impl(name, fn, "CPU")
+    return lib
 
 
 def bernoulli_(x: torch.Tensor, p: float = 0.5, *, generator=None) -> torch.Tensor:

@@ -178,13 +178,7 @@ def install() -> None:
     global _library
     if _library is not None:
         return
-    import warnings
-
-    lib = torch.library.Library("aten", "IMPL")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
-        for name in _OPS:
-            lib.impl(name, _kernel(name), "CPU")
+    lib = exact_elementwise.override_cpu_kernels({name: _kernel(name) for name in _OPS})
     torch.backends.cuda.enable_flash_sdp(False)  # the flag also governs the CPU flash kernel
     torch.backends.cuda.enable_mem_efficient_sdp(False)
     exact_elementwise.install()  # the elementwise functions MKL would compute (its vector math)
