@@ -223,8 +223,8 @@ print("ok")
 
 # gdb stops at torch's library load, then breaks on every entry point of MKL's vector math (vms*/vmd*:
 # sqrt, exp, ln, cos, ...) and random streams (viRngBernoulli, ...), which MKL_VERBOSE does not report,
-# and prints each hit's frame (nothing that
-# would call into the program: another thread may stop meanwhile).
+# and prints each hit's frame (nothing that would call into the program: another thread may stop
+# meanwhile).
 GDB = """set pagination off
 set confirm off
 catch load libtorch_cpu

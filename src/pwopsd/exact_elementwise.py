@@ -103,10 +103,6 @@ def _kernels(name: str):
     return functional, in_place
 
 
-def installed() -> bool:
-    return _library is not None
-
-
 def install() -> None:
     """Route this process's CPU float32 and float64 elementwise functions of :data:`UNARY` through
     :func:`compute` (idempotent)."""
