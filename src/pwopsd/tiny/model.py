@@ -85,6 +85,8 @@ class TinyBuildConfig:
     teacher_detour_fraction: float = 0.0  # teacher examples whose response takes a detour (see format_example)
     slip_rate: float = 0.0  # per step, the model's own computation slips (see sample_pretraining_example)
     shortcut_rate: float = 0.0  # student and eval examples that skip the steps (the boxed answer alone)
+    fact_fraction: float = 0.0  # examples that state one fact right, in their own format (see format_example)
+    min_greedy_accuracy: float = 0.0  # the student prompt's greedy dev accuracy must reach this (0: no check)
     reference_solution: str = "worked"  # what the privileged prompt quotes: worked | answer
     dev_seed: int = 99_991
     dev_per_level: int = 100
@@ -163,6 +165,9 @@ def format_example(tokenizer, p: ArithmeticProblem, fmt: str, style: str = "work
     solution while the response agrees with it and, once a response has left it, computes on from
     where the response is, as the student would (slips included), instead of copying numbers that
     contradict the response."""
+    if fmt == "fact":
+        prompt = prompts.render(tokenizer, fact_message(p), prompts.STUDENT)
+        return prompt, p.steps()[0] + IM_END
     if fmt == "student":
         prompt = prompts.render(tokenizer, prompts.student_message(p.problem), prompts.STUDENT)
     elif fmt == "eval":
@@ -183,6 +188,11 @@ def format_example(tokenizer, p: ArithmeticProblem, fmt: str, style: str = "work
     return (prompt, response + IM_END) if span is None else (prompt, response + IM_END, span)
 
 
+def fact_message(p: ArithmeticProblem) -> str:
+    """The user message of a ``fact`` example: the first step's expression, e.g. ``Fact: 4 + 4``."""
+    return "Fact: " + p.steps()[0].split(" = ")[0]
+
+
 def _slip_offsets(rng: np.random.Generator, level: int, rate: float, first: int = 0) -> list[int]:
     """Per-step slips from step ``first`` on: each step's result is off by one of
     :data:`SLIP_OFFSETS` with probability ``rate``."""
@@ -197,7 +207,10 @@ def _slip_offsets(rng: np.random.Generator, level: int, rate: float, first: int 
 def sample_pretraining_example(rng: np.random.Generator, cfg: TinyBuildConfig) -> tuple[ArithmeticProblem, str, Slips | None]:
     """(problem, prompt format, slips or None) of one pretraining example. The model's own
     computation slips at ``slip_rate`` a step (student and evaluation formats; a teacher after its
-    detour); the privileged teacher copying the quoted solution does not."""
+    detour); the privileged teacher copying the quoted solution does not; nor does a ``fact``
+    example (``fact_fraction``): one step of an easy problem, stated right."""
+    if cfg.fact_fraction > 0 and rng.random() < cfg.fact_fraction:
+        return sample_problem(rng, 1, cfg.max_operand, cfg.max_value), "fact", None
     level = int(rng.choice(cfg.levels))
     if rng.random() < cfg.teacher_fraction:
         hard = rng.random() < cfg.teacher_hard_fraction
@@ -223,6 +236,9 @@ def tokenizer_corpus(cfg: TinyBuildConfig, n: int = 3000) -> list[str]:
     texts = []
     for _ in range(n):
         p, fmt, _ = sample_pretraining_example(rng, cfg)
+        if fmt == "fact":
+            texts += [fact_message(p), "user\nassistant\n" + p.steps()[0]]
+            continue
         if fmt == "teacher":
             texts.append(prompts.teacher_message(p.problem, p.reference_solution(cfg.reference_solution)))
         elif fmt == "eval":
@@ -409,7 +425,9 @@ def _means(acc: dict) -> dict[str, float]:
 
 def dev_accuracy(model, tokenizer, cfg: TinyBuildConfig, batch_size: int = 256, per_level: int | None = None) -> dict[str, dict[str, float]]:
     """Sampled (T=1, top_p 0.95, top_k off) accuracy per level for the three prompt formats, on
-    the dev set's first ``per_level`` problems of each level (all ``dev_per_level`` by default)."""
+    the dev set's first ``per_level`` problems of each level (all ``dev_per_level`` by default);
+    with ``min_greedy_accuracy``, also the student prompt's greedy accuracy (``student_greedy``):
+    a model that knows its facts takes the right result at every step when it does not sample."""
     from pwopsd.generation import GenerationRequest
     from pwopsd.generation.hf_backend import HFBackend
     from pwopsd.evaluation.grading import integer_answer
@@ -418,14 +436,17 @@ def dev_accuracy(model, tokenizer, cfg: TinyBuildConfig, batch_size: int = 256, 
     # Every format and level in one call: full batches (a sample depends on its prompt and seed
     # only, not on the rows beside it).
     cells, reqs = [], []
-    for fmt in ("student", "eval", "teacher"):
+    formats = ("student", "eval", "teacher") + (("student_greedy",) if cfg.min_greedy_accuracy > 0 else ())
+    for fmt in formats:
+        greedy = fmt == "student_greedy"
         for level in cfg.levels:
             problems = sample_problems(cfg.dev_seed + level, per_level or cfg.dev_per_level, [level], cfg.max_operand, cfg.max_value)
             cells.append((fmt, level, problems))
             for i, p in enumerate(problems):
-                prompt, _ = format_example(tokenizer, p, fmt, cfg.reference_solution)
+                prompt, _ = format_example(tokenizer, p, "student" if greedy else fmt, cfg.reference_solution)
                 ids = prompts.encode(tokenizer, prompt, add_special_tokens=False)
-                reqs.append(GenerationRequest(tuple(ids), n=1, seed=i, temperature=1.0, top_p=0.95, top_k=0, max_new_tokens=96))
+                reqs.append(GenerationRequest(tuple(ids), n=1, seed=i, temperature=0.0 if greedy else 1.0,
+                                              top_p=0.95, top_k=0, max_new_tokens=96))
     outs = iter(backend.generate(reqs))
     result: dict[str, dict[str, float]] = {}
     for fmt, level, problems in cells:
@@ -457,6 +478,13 @@ def check_dev_accuracy(acc: dict[str, dict[str, float]], cfg: TinyBuildConfig, m
                 f"{fmt}-prompt accuracy {acc[fmt]['mean']:.1%} lies outside "
                 f"tiny.student_accuracy_range=[{lo:.0%}, {hi:.0%}]{spare}"
             )
+    greedy = acc.get("student_greedy", {}).get("mean")
+    if cfg.min_greedy_accuracy > 0 and (greedy is None or greedy < cfg.min_greedy_accuracy - eps):
+        shown = "not measured" if greedy is None else f"{greedy:.1%}"
+        problems.append(
+            f"the student does not know its facts: greedy student-prompt accuracy {shown}, below "
+            f"tiny.min_greedy_accuracy={cfg.min_greedy_accuracy:.0%} (its errors are not only slips)"
+        )
     return problems
 
 
