@@ -57,12 +57,13 @@ def pretraining_step():
     """One tiny pretraining step (forward, backward, AdamW) as the build runs it."""
     from pwopsd import settings
     from pwopsd.config import load_config
+    from pwopsd.tiny import examples as E
     from pwopsd.tiny import model as M
 
     cfg = M.TinyBuildConfig.from_dict(settings.tiny_model(load_config("tiny/config/config.yaml"), types.SimpleNamespace(model="tiny_qwen3")))
     object.__setattr__(cfg, "max_steps", 3)
     M.is_check_step = lambda done, cfg: False
-    tok = M.tiny_tokenizer(cfg, corpus_size=300)
+    tok = E.tiny_tokenizer(cfg, corpus_size=300)
 
     def step():
         torch.manual_seed(0)

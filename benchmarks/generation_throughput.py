@@ -26,7 +26,8 @@ def load(model_dir: str | None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         return AutoModelForCausalLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
-    from pwopsd.tiny.model import TinyBuildConfig, build_model, tiny_tokenizer
+    from pwopsd.tiny.examples import TinyBuildConfig, tiny_tokenizer
+    from pwopsd.tiny.model import build_model
 
     cfg = TinyBuildConfig()
     tok = tiny_tokenizer(cfg, corpus_size=600)

@@ -48,6 +48,7 @@ def worker(steps: int, warmup: int, threads: int) -> None:
 
     from pwopsd import settings
     from pwopsd.runtime import set_threads
+    from pwopsd.tiny import examples as E
     from pwopsd.tiny import model as M
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -57,7 +58,7 @@ def worker(steps: int, warmup: int, threads: int) -> None:
         rank = dist.get_rank()
     set_threads(threads)
     cfg = M.TinyBuildConfig.from_dict(settings.tiny_model(config, types.SimpleNamespace(model="tiny_qwen3")))
-    tokenizer = M.tiny_tokenizer(cfg)
+    tokenizer = E.tiny_tokenizer(cfg)
     model = M.build_model(cfg, tokenizer)
     model.train()
     torch.manual_seed(cfg.seed)

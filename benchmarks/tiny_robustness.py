@@ -88,12 +88,13 @@ def gains(work: Path, only: set[str] | None = None) -> tuple[dict, dict, dict]:
 def table(rows: list[tuple[int, dict, dict, dict, float]]) -> list[str]:
     cell = lambda c: f"{c.delta:+.1f} [{c.low:+.1f}, {c.high:+.1f}]"  # noqa: E731
     names = list(rows[0][1]) + list(rows[0][2])
-    out = ["| build seed | steps | dev student / teacher | " + " | ".join(names) + " | holds |",
+    out = ["| build seed | steps | dev student (greedy) / teacher | " + " | ".join(names) + " | holds |",
            "|---|---|---|" + "---|" * len(names) + "---|"]
     for seed, learn, broken, build, _ in rows:
         acc = build["dev_accuracy"]
         holds = all(c.low > 0 for c in learn.values()) and not any(c.low > 0 for c in broken.values())
-        out.append(f"| {seed} | {build['pretraining_steps']} | {100 * acc['student']['mean']:.0f} / {100 * acc['teacher']['mean']:.0f}% | "
+        greedy = f" ({100 * acc['student_greedy']['mean']:.0f})" if "student_greedy" in acc else ""
+        out.append(f"| {seed} | {build['pretraining_steps']} | {100 * acc['student']['mean']:.0f}{greedy} / {100 * acc['teacher']['mean']:.0f}% | "
                    + " | ".join(cell(c) for c in [*learn.values(), *broken.values()]) + f" | {'yes' if holds else '**no**'} |")
     return out
 

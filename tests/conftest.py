@@ -82,8 +82,8 @@ def require_shared(path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    from pwopsd.tiny.model import TinyBuildConfig
-    from pwopsd.tiny.model import tiny_tokenizer as build
+    from pwopsd.tiny.examples import TinyBuildConfig
+    from pwopsd.tiny.examples import tiny_tokenizer as build
 
     cfg = TinyBuildConfig()
     return build(cfg, corpus_size=600)
@@ -94,7 +94,8 @@ def random_tiny_model(tiny_tokenizer):
     """A randomly initialized (untrained) tiny Qwen3: enough for backend mechanics."""
     import torch
 
-    from pwopsd.tiny.model import TinyBuildConfig, build_model
+    from pwopsd.tiny.examples import TinyBuildConfig
+    from pwopsd.tiny.model import build_model
 
     torch.set_num_threads(2)
     cfg = TinyBuildConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,

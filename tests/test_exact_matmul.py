@@ -204,12 +204,13 @@ from peft import LoraConfig, get_peft_model
 from pwopsd.config import load_config
 from pwopsd import settings
 from pwopsd.runtime import set_threads
+from pwopsd.tiny import examples as E
 from pwopsd.tiny import model as M
 cfg = M.TinyBuildConfig.from_dict(settings.tiny_model(load_config("tiny/config/config.yaml"), types.SimpleNamespace(model="tiny_qwen3")))
 object.__setattr__(cfg, "max_steps", 2)
 M.is_check_step = lambda done, cfg: False
 set_threads(2)
-tok = M.tiny_tokenizer(cfg, corpus_size=200)
+tok = E.tiny_tokenizer(cfg, corpus_size=200)
 model = M.build_model(cfg, tok)
 M.pretrain(model, tok, cfg, log_every=10**9)
 peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))

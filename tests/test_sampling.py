@@ -7,7 +7,8 @@ import pytest
 from pwopsd import prompts
 from pwopsd.io import read_parquet_metadata
 from pwopsd.generation.sampling import PromptTooLongError, SamplingConfig, eval_prompt_ids, sample_benchmark
-from pwopsd.tiny.model import TinyBuildConfig, check_dev_accuracy
+from pwopsd.tiny.examples import TinyBuildConfig
+from pwopsd.tiny.model import check_dev_accuracy
 
 EVAL = {"n": 2, "temperature": 1.0, "top_p": 0.95, "top_k": -1, "max_new_tokens": 8, "max_model_len": 512}
 
@@ -180,6 +181,27 @@ def test_changed_settings_do_not_reuse_stale_shards(tmp_path, random_tiny_model,
 
 def _acc(student, eval_, teacher):
     return {"student": {"mean": student}, "eval": {"mean": eval_}, "teacher": {"mean": teacher}}
+
+
+def test_the_build_check_asks_that_the_student_know_its_facts():
+    cfg = TinyBuildConfig(min_teacher_gap=0.2, student_accuracy_range=[0.15, 0.85], min_greedy_accuracy=0.9)
+    acc = _acc(0.40, 0.45, 0.70)
+    missing = check_dev_accuracy(acc, cfg)
+    assert len(missing) == 1 and "not measured" in missing[0]
+    assert check_dev_accuracy({**acc, "student_greedy": {"mean": 0.9}}, cfg) == []
+    assert check_dev_accuracy({**acc, "student_greedy": {"mean": 0.9}}, cfg, margin=0.05) == []  # no margin on facts
+    low = check_dev_accuracy({**acc, "student_greedy": {"mean": 0.69}}, cfg)
+    assert len(low) == 1 and "greedy student-prompt accuracy 69.0%" in low[0] and "tiny.min_greedy_accuracy=90%" in low[0]
+    assert check_dev_accuracy(acc, TinyBuildConfig(min_teacher_gap=0.2)) == []  # 0: no such check
+
+
+def test_dev_accuracy_measures_greedy_student_accuracy_when_asked(random_tiny_model, tiny_tokenizer):
+    from pwopsd.tiny.model import dev_accuracy
+
+    cfg = TinyBuildConfig(max_value=9, min_greedy_accuracy=0.9)
+    acc = dev_accuracy(random_tiny_model, tiny_tokenizer, cfg, per_level=2)
+    assert set(acc) == {"student", "eval", "teacher", "student_greedy"} and set(acc["student_greedy"]) == {"L1", "L2", "L3", "mean"}
+    assert "student_greedy" not in dev_accuracy(random_tiny_model, tiny_tokenizer, TinyBuildConfig(max_value=9), per_level=2)
 
 
 def test_tiny_build_check_boundaries():

@@ -1,4 +1,4 @@
-"""The tiny model's pretraining data (pwopsd.tiny.model): slips, teacher detours, shortcuts, and
+"""The tiny model's pretraining data (pwopsd.tiny.examples): slips, teacher detours, shortcuts, and
 which tokens pretraining trains on; the teacher prompt ablations of training."""
 
 import numpy as np
@@ -6,8 +6,9 @@ import pytest
 
 from pwopsd import prompts
 from pwopsd.tiny.arithmetic import ArithmeticProblem, sample_problem, sample_problems
-from pwopsd.tiny.model import (Slips, TinyBuildConfig, collate, format_example, sample_pretraining_example, slipped_steps,
-                               tiny_tokenizer)
+from pwopsd.tiny.examples import (Slips, TinyBuildConfig, format_example, sample_pretraining_example, slipped_steps,
+                                  tiny_tokenizer)
+from pwopsd.tiny.model import collate
 from pwopsd.tiny.tokenizer import THINK
 
 P = ArithmeticProblem((7, 3, 12), ("-", "+"))
@@ -67,6 +68,22 @@ def test_bounded_pretraining_data_computes_inside_the_bound():
     slipped = [s for p, f, s in draws if f != "teacher" and s is not None]
     steps = sum(p.level for p, f, _ in draws if f != "teacher")
     assert abs(sum(o != 0 for s in slipped for o in s.offsets) / steps - 0.3) < 0.03  # the slip rate per step
+
+
+def test_fact_examples_state_one_easy_fact_right_in_their_own_format(tok):
+    cfg = TinyBuildConfig(max_value=9, slip_rate=0.3, fact_fraction=0.1, teacher_detour_fraction=0.4)
+    rng = np.random.default_rng(5)
+    draws = [sample_pretraining_example(rng, cfg) for _ in range(4000)]
+    facts = [(p, s) for p, f, s in draws if f == "fact"]
+    assert abs(len(facts) / len(draws) - 0.1) < 0.015 and all(s is None for _, s in facts)
+    assert all(p.level == 1 and 0 <= p.answer <= 9 for p, _ in facts)
+    p = ArithmeticProblem((4, 4), ("+",))
+    prompt, response = format_example(tok, p, "fact")
+    assert "Fact: 4 + 4<|im_end|>" in prompt and "Problem:" not in prompt and response == "4 + 4 = 8<|im_end|>"
+    # the student format's slip rate per step is untouched by the fact share
+    steps = sum(p.level for p, f, _ in draws if f in ("student", "eval"))
+    slips = sum(o != 0 for p, f, s in draws if f in ("student", "eval") and s is not None for o in s.offsets)
+    assert abs(slips / steps - 0.3) < 0.03
 
 
 def test_formats_with_slips_detours_and_shortcuts(tok):

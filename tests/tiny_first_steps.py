@@ -26,6 +26,7 @@ import torch  # noqa: E402
 
 from pwopsd import settings  # noqa: E402
 from pwopsd.runtime import set_threads  # noqa: E402
+from pwopsd.tiny import examples as E  # noqa: E402
 from pwopsd.tiny import model as M  # noqa: E402
 
 steps, threads = int(sys.argv[1]), int(sys.argv[2])
@@ -33,7 +34,7 @@ cfg = M.TinyBuildConfig.from_dict(settings.tiny_model(config, types.SimpleNamesp
 object.__setattr__(cfg, "max_steps", steps)
 M.is_check_step = lambda done, cfg: False  # the first steps only: no dev check, no stop
 set_threads(threads)
-tokenizer = M.tiny_tokenizer(cfg)
+tokenizer = E.tiny_tokenizer(cfg)
 model = M.build_model(cfg, tokenizer)
 result = M.pretrain(model, tokenizer, cfg, log_every=10**9)
 h = hashlib.sha256()

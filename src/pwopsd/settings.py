@@ -125,7 +125,7 @@ def training_threads(cfg: dict, wc=None) -> int:
 
 
 def tiny_threads(cfg: dict, wc=None) -> int:
-    from pwopsd.tiny.model import TinyBuildConfig  # the tiny recipe's settings and defaults
+    from pwopsd.tiny.examples import TinyBuildConfig  # the tiny recipe's settings and defaults
 
     return int(cfg.get("tiny", {}).get("threads", TinyBuildConfig.threads))
 

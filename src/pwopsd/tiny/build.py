@@ -9,14 +9,8 @@ from pathlib import Path
 from pwopsd.io import atomic_path, write_json
 from pwopsd.keys import folder_content_sha256
 from pwopsd.runtime import kernel_path_provenance, versions
-from pwopsd.tiny.model import (
-    TinyBuildConfig,
-    TinyModelCheckError,
-    build_model,
-    not_ready_message,
-    pretrain,
-    tiny_tokenizer,
-)
+from pwopsd.tiny.examples import TinyBuildConfig, tiny_tokenizer
+from pwopsd.tiny.model import TinyModelCheckError, build_model, not_ready_message, pretrain
 
 log = logging.getLogger(__name__)
 
