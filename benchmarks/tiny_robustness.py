@@ -33,6 +33,7 @@ MODEL = "tiny_qwen3"
 BROKEN = {"opsd_no_solution": {"loss": "opsd", "teacher_prompt": "no_solution", "label": "OPSD, no solution"},
           "opsd_teacher_student": {"loss": "opsd", "teacher_prompt": "student", "label": "OPSD, teacher = student"}}
 LEARNING_METHODS = ("opsd", "pwopsd_moderate")
+CONTROL = "opsd_no_solution"  # the learning runs are also compared with it (the least gain is printed)
 
 
 def runs_of(cfg: dict, only: set[str] | None = None) -> tuple[list[str], list[str]]:
@@ -81,21 +82,24 @@ def gains(work: Path, only: set[str] | None = None) -> tuple[dict, dict, dict]:
                  for f in sorted((work / "results/metrics" / MODEL / c).glob("*/seed-*.json"))]
     benchmarks = sorted({s["benchmark"] for s in summaries})
     build = json.loads((work / f"results/models/{MODEL}/build_report.json").read_text())
+    over_control = gains_over_base(summaries, MODEL, learning, benchmarks, base=CONTROL) if CONTROL in broken else {}
     return (gains_over_base(summaries, MODEL, learning, benchmarks), gains_over_base(summaries, MODEL, broken, benchmarks),
-            build)
+            {**build, "over_control": over_control})
 
 
 def table(rows: list[tuple[int, dict, dict, dict, float]]) -> list[str]:
     cell = lambda c: f"{c.delta:+.1f} [{c.low:+.1f}, {c.high:+.1f}]"  # noqa: E731
+    least = lambda g: cell(min(g.values(), key=lambda c: c.delta)) if g else "-"  # noqa: E731
     names = list(rows[0][1]) + list(rows[0][2])
-    out = ["| build seed | steps | dev student (greedy) / teacher | " + " | ".join(names) + " | holds |",
-           "|---|---|---|" + "---|" * len(names) + "---|"]
+    out = ["| build seed | steps | dev student (greedy) / teacher | " + " | ".join(names) + " | least run over no solution | holds |",
+           "|---|---|---|" + "---|" * len(names) + "---|---|"]
     for seed, learn, broken, build, _ in rows:
         acc = build["dev_accuracy"]
         holds = all(c.low > 0 for c in learn.values()) and not any(c.low > 0 for c in broken.values())
         greedy = f" ({100 * acc['student_greedy']['mean']:.0f})" if "student_greedy" in acc else ""
         out.append(f"| {seed} | {build['pretraining_steps']} | {100 * acc['student']['mean']:.0f}{greedy} / {100 * acc['teacher']['mean']:.0f}% | "
-                   + " | ".join(cell(c) for c in [*learn.values(), *broken.values()]) + f" | {'yes' if holds else '**no**'} |")
+                   + " | ".join(cell(c) for c in [*learn.values(), *broken.values()])
+                   + f" | {least(build['over_control'])} | {'yes' if holds else '**no**'} |")
     return out
 
 
