@@ -60,7 +60,7 @@ def pretraining_step():
     from pwopsd.tiny import examples as E
     from pwopsd.tiny import model as M
 
-    cfg = M.TinyBuildConfig.from_dict(settings.tiny_model(load_config("tiny/config/config.yaml"), types.SimpleNamespace(model="tiny_qwen3")))
+    cfg = E.TinyBuildConfig.from_dict(settings.tiny_model(load_config("tiny/config/config.yaml"), types.SimpleNamespace(model="tiny_qwen3")))
     object.__setattr__(cfg, "max_steps", 3)
     M.is_check_step = lambda done, cfg: False
     tok = E.tiny_tokenizer(cfg, corpus_size=300)

@@ -57,7 +57,7 @@ def worker(steps: int, warmup: int, threads: int) -> None:
         dist.init_process_group("gloo")
         rank = dist.get_rank()
     set_threads(threads)
-    cfg = M.TinyBuildConfig.from_dict(settings.tiny_model(config, types.SimpleNamespace(model="tiny_qwen3")))
+    cfg = E.TinyBuildConfig.from_dict(settings.tiny_model(config, types.SimpleNamespace(model="tiny_qwen3")))
     tokenizer = E.tiny_tokenizer(cfg)
     model = M.build_model(cfg, tokenizer)
     model.train()
@@ -71,7 +71,7 @@ def worker(steps: int, warmup: int, threads: int) -> None:
             if world > 1:
                 dist.barrier()
             t0 = time.perf_counter()
-        batch = [M.sample_pretraining_example(rng, cfg) for _ in range(cfg.batch_size)]
+        batch = [E.sample_pretraining_example(rng, cfg) for _ in range(cfg.batch_size)]
         for group in opt.param_groups:
             group["lr"] = M.lr_at(step, cfg)
         opt.zero_grad(set_to_none=True)

@@ -206,7 +206,7 @@ from pwopsd import settings
 from pwopsd.runtime import set_threads
 from pwopsd.tiny import examples as E
 from pwopsd.tiny import model as M
-cfg = M.TinyBuildConfig.from_dict(settings.tiny_model(load_config("tiny/config/config.yaml"), types.SimpleNamespace(model="tiny_qwen3")))
+cfg = E.TinyBuildConfig.from_dict(settings.tiny_model(load_config("tiny/config/config.yaml"), types.SimpleNamespace(model="tiny_qwen3")))
 object.__setattr__(cfg, "max_steps", 2)
 M.is_check_step = lambda done, cfg: False
 set_threads(2)

@@ -30,7 +30,7 @@ from pwopsd.tiny import examples as E  # noqa: E402
 from pwopsd.tiny import model as M  # noqa: E402
 
 steps, threads = int(sys.argv[1]), int(sys.argv[2])
-cfg = M.TinyBuildConfig.from_dict(settings.tiny_model(config, types.SimpleNamespace(model="tiny_qwen3")))
+cfg = E.TinyBuildConfig.from_dict(settings.tiny_model(config, types.SimpleNamespace(model="tiny_qwen3")))
 object.__setattr__(cfg, "max_steps", steps)
 M.is_check_step = lambda done, cfg: False  # the first steps only: no dev check, no stop
 set_threads(threads)
