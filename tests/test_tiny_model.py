@@ -86,6 +86,28 @@ def test_fact_examples_state_one_easy_fact_right_in_their_own_format(tok):
     assert abs(slips / steps - 0.3) < 0.03
 
 
+def test_no_solution_examples_are_the_ablations_teacher_prompt_computing_as_the_student(tok):
+    from pwopsd.training.inputs import Example, teacher_message_for
+
+    cfg = TinyBuildConfig(max_value=9, slip_rate=0.3, fact_fraction=0.1, no_solution_fraction=0.1,
+                          teacher_detour_fraction=0.4)
+    rng = np.random.default_rng(6)
+    draws = [sample_pretraining_example(rng, cfg) for _ in range(6000)]
+    own = [(p, f, s) for p, f, s in draws if f in ("student", "eval", "no_solution")]
+    blank = [(p, s) for p, f, s in own if f == "no_solution"]
+    assert abs(len(blank) / len(own) - 0.1) < 0.015
+    assert all(0 <= v <= 9 for p, _ in blank for v in chain(p))  # easy problems, as the student's
+    steps = sum(p.level for p, _ in blank)
+    slips = sum(o != 0 for _, s in blank if s is not None for o in s.offsets)
+    assert abs(slips / steps - 0.3) < 0.04  # it slips as the student does
+    # the prompt is the one training's teacher_prompt: no_solution renders; the response the student's
+    p = ArithmeticProblem((4, 4), ("+",))
+    prompt, response = format_example(tok, p, "no_solution", "worked", Slips((1,), bound=9))
+    example = Example(problem=p.problem, solution=p.worked_solution, answer=str(p.answer))
+    assert prompt == prompts.render(tok, teacher_message_for(example, "no_solution"), prompts.TEACHER)
+    assert p.worked_solution not in prompt and response == format_example(tok, p, "student", "worked", Slips((1,), bound=9))[1]
+
+
 def test_formats_with_slips_detours_and_shortcuts(tok):
     prompt, response, span = format_example(tok, P, "teacher", "worked", Slips((0, 1), masked=1))
     assert response.startswith("7 - 3 = 4\n4 + 12 = 17\nThe answer is \\boxed{17}.") and response[span[0]:span[1]] == "17"

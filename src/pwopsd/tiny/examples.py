@@ -1,7 +1,7 @@
 """The tiny model's recipe (:class:`TinyBuildConfig`) and its pretraining examples.
 
-Pretraining mixes three prompt formats, all rendered through the same chat template and prompt
-functions as the paper-scale models (``pwopsd.prompts``), and a fourth of its own:
+Pretraining mixes four prompt formats, all rendered through the same chat template and prompt
+functions as the paper-scale models (``pwopsd.prompts``), and one of its own (``fact``):
 
 * ``student``: the OPSD training student prompt (thinking off), response = worked solution;
 * ``eval``: the evaluation prompt (thinking on), response = ``<think>`` worked steps ``</think>``
@@ -15,7 +15,13 @@ functions as the paper-scale models (``pwopsd.prompts``), and a fourth of its ow
   contradict the response (without it no self-distillation method beats the base model:
   docs/decisions.md, "Tiny mode: a toy in which the method works");
 * ``fact`` (``fact_fraction``): one step of an easy problem stated right (user ``Fact: 4 + 4``,
-  response ``4 + 4 = 8``), the only examples in which a fact is not ``slip_rate`` noise.
+  response ``4 + 4 = 8``), the only examples in which a fact is not ``slip_rate`` noise;
+* ``no_solution`` (``no_solution_fraction`` of the student and evaluation share): the teacher
+  prompt quoting no solution (the template with the solution left empty, as the ablation
+  ``teacher_prompt: no_solution`` renders it), response = the model's own worked solution, slips
+  included. A teacher that is shown nothing the student does not know computes as the student
+  does; without these examples that prompt is one pretraining never saw, and on one build of five
+  its samples taught the student (docs/tiny_robustness.md).
 
 The student's errors are slips, not missing facts (tiny mode: ``max_value: 9``, ``slip_rate:
 0.3``; docs/tiny_robustness.md). Every value of an easy problem's chain stays in ``0..max_value``,
@@ -69,6 +75,7 @@ class TinyBuildConfig:
     slip_rate: float = 0.0  # per step, the model's own computation slips (see sample_pretraining_example)
     shortcut_rate: float = 0.0  # student and eval examples that skip the steps (the boxed answer alone)
     fact_fraction: float = 0.0  # examples that state one fact right, in their own format (see format_example)
+    no_solution_fraction: float = 0.0  # of the model's own examples, those in the teacher prompt quoting no solution
     min_greedy_accuracy: float = 0.0  # the student prompt's greedy dev accuracy must reach this (0: no check)
     reference_solution: str = "worked"  # what the privileged prompt quotes: worked | answer
     dev_seed: int = 99_991
@@ -157,6 +164,8 @@ def format_example(tokenizer, p: ArithmeticProblem, fmt: str, style: str = "work
         prompt = prompts.render(tokenizer, prompts.eval_message(p.problem), prompts.EVAL)
     elif fmt == "teacher":
         prompt = prompts.render(tokenizer, prompts.teacher_message(p.problem, p.reference_solution(style)), prompts.TEACHER)
+    elif fmt == "no_solution":
+        prompt = prompts.render(tokenizer, prompts.teacher_message(p.problem, ""), prompts.TEACHER)
     else:
         raise ValueError(f"unknown prompt format {fmt!r}")
     if slips is None:
@@ -189,9 +198,10 @@ def _slip_offsets(rng: np.random.Generator, level: int, rate: float, first: int 
 
 def sample_pretraining_example(rng: np.random.Generator, cfg: TinyBuildConfig) -> tuple[ArithmeticProblem, str, Slips | None]:
     """(problem, prompt format, slips or None) of one pretraining example. The model's own
-    computation slips at ``slip_rate`` a step (student and evaluation formats; a teacher after its
-    detour); the privileged teacher copying the quoted solution does not; nor does a ``fact``
-    example (``fact_fraction``): one step of an easy problem, stated right."""
+    computation slips at ``slip_rate`` a step (student and evaluation formats, the teacher prompt
+    quoting no solution, a teacher after its detour); the privileged teacher copying the quoted
+    solution does not; nor does a ``fact`` example (``fact_fraction``): one step of an easy problem,
+    stated right."""
     if cfg.fact_fraction > 0 and rng.random() < cfg.fact_fraction:
         return sample_problem(rng, 1, cfg.max_operand, cfg.max_value), "fact", None
     level = int(rng.choice(cfg.levels))
@@ -205,7 +215,10 @@ def sample_pretraining_example(rng: np.random.Generator, cfg: TinyBuildConfig) -
             offsets[step] = int(rng.choice(SLIP_OFFSETS))
             return p, "teacher", Slips(tuple(offsets), masked=step, bound=cfg.max_value)
         return p, "teacher", None
-    fmt = "student" if rng.random() < 0.5 else "eval"
+    if cfg.no_solution_fraction > 0 and rng.random() < cfg.no_solution_fraction:
+        fmt = "no_solution"
+    else:
+        fmt = "student" if rng.random() < 0.5 else "eval"
     p = sample_problem(rng, level, cfg.max_operand, cfg.max_value)
     if cfg.shortcut_rate > 0 and rng.random() < cfg.shortcut_rate:
         return p, fmt, Slips((0,) * level, shortcut=True)
@@ -224,6 +237,8 @@ def tokenizer_corpus(cfg: TinyBuildConfig, n: int = 3000) -> list[str]:
             continue
         if fmt == "teacher":
             texts.append(prompts.teacher_message(p.problem, p.reference_solution(cfg.reference_solution)))
+        elif fmt == "no_solution":
+            texts.append(prompts.teacher_message(p.problem, ""))
         elif fmt == "eval":
             texts.append(prompts.eval_message(p.problem))
         else:
