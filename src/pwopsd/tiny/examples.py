@@ -27,12 +27,12 @@ The student's errors are slips, not missing facts (tiny mode: ``max_value: 9``, 
 0.3``; docs/tiny_robustness.md). Every value of an easy problem's chain stays in ``0..max_value``,
 so its steps use a table of about 90 facts, which the ``fact`` examples teach on every build (the
 build check asks for it: ``min_greedy_accuracy``, :mod:`pwopsd.tiny.model`); and the model's own
-steps (student and evaluation formats, a teacher after its detour) slip at ``slip_rate`` a step
-(:class:`Slips`), while the privileged teacher copying the quoted solution does not. The student's
-accuracy is then the data's, about ``(1 - slip_rate) ** level``, whatever the build's bits, and what
-self-distillation can teach is one behaviour shared by every step (do not slip), not one fact at a
-time. ``shortcut_rate`` (0 in tiny mode, measured and left): student and eval examples that give
-the boxed answer without the steps.
+steps (student and evaluation formats, the teacher prompt quoting no solution, a teacher after its
+detour) slip at ``slip_rate`` a step (:class:`Slips`), while the privileged teacher copying the
+quoted solution does not. The student's accuracy is then the data's, about ``(1 - slip_rate) **
+level``, whatever the build's bits, and what self-distillation can teach is one behaviour shared by
+every step (do not slip), not one fact at a time. ``shortcut_rate`` (0 in tiny mode, measured and
+left): student and eval examples that give the boxed answer without the steps.
 """
 
 from __future__ import annotations
