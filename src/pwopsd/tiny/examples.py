@@ -155,19 +155,9 @@ def format_example(tokenizer, p: ArithmeticProblem, fmt: str, style: str = "work
     solution while the response agrees with it and, once a response has left it, computes on from
     where the response is, as the student would (slips included), instead of copying numbers that
     contradict the response."""
+    prompt = prompts.render(tokenizer, user_message(p, fmt, style), PROMPT_STYLES[fmt])
     if fmt == "fact":
-        prompt = prompts.render(tokenizer, fact_message(p), prompts.STUDENT)
         return prompt, p.steps()[0] + IM_END
-    if fmt == "student":
-        prompt = prompts.render(tokenizer, prompts.student_message(p.problem), prompts.STUDENT)
-    elif fmt == "eval":
-        prompt = prompts.render(tokenizer, prompts.eval_message(p.problem), prompts.EVAL)
-    elif fmt == "teacher":
-        prompt = prompts.render(tokenizer, prompts.teacher_message(p.problem, p.reference_solution(style)), prompts.TEACHER)
-    elif fmt == "no_solution":
-        prompt = prompts.render(tokenizer, prompts.teacher_message(p.problem, ""), prompts.TEACHER)
-    else:
-        raise ValueError(f"unknown prompt format {fmt!r}")
     if slips is None:
         return prompt, response_text(p, thinking=fmt == "eval") + IM_END
     if slips.shortcut:
@@ -178,6 +168,27 @@ def format_example(tokenizer, p: ArithmeticProblem, fmt: str, style: str = "work
     if fmt == "eval" and span is not None:  # the steps follow the think tag's line
         span = (span[0] + len(THINK) + 1, span[1] + len(THINK) + 1)
     return (prompt, response + IM_END) if span is None else (prompt, response + IM_END, span)
+
+
+# How each pretraining format's prompt is rendered (``pwopsd.prompts``' styles).
+PROMPT_STYLES = {"student": prompts.STUDENT, "eval": prompts.EVAL, "teacher": prompts.TEACHER,
+                 "no_solution": prompts.TEACHER, "fact": prompts.STUDENT}
+
+
+def user_message(p: ArithmeticProblem, fmt: str, style: str = "worked") -> str:
+    """The user message of one pretraining format (:data:`PROMPT_STYLES`); ``style``: what the
+    privileged teacher quotes (``tiny.reference_solution``)."""
+    if fmt == "student":
+        return prompts.student_message(p.problem)
+    if fmt == "eval":
+        return prompts.eval_message(p.problem)
+    if fmt == "teacher":
+        return prompts.teacher_message(p.problem, p.reference_solution(style))
+    if fmt == "no_solution":  # as the ablation teacher_prompt: no_solution renders it
+        return prompts.teacher_message(p.problem, "")
+    if fmt == "fact":
+        return fact_message(p)
+    raise ValueError(f"unknown prompt format {fmt!r}")
 
 
 def fact_message(p: ArithmeticProblem) -> str:
@@ -232,18 +243,8 @@ def tokenizer_corpus(cfg: TinyBuildConfig, n: int = 3000) -> list[str]:
     texts = []
     for _ in range(n):
         p, fmt, _ = sample_pretraining_example(rng, cfg)
-        if fmt == "fact":
-            texts += [fact_message(p), "user\nassistant\n" + p.steps()[0]]
-            continue
-        if fmt == "teacher":
-            texts.append(prompts.teacher_message(p.problem, p.reference_solution(cfg.reference_solution)))
-        elif fmt == "no_solution":
-            texts.append(prompts.teacher_message(p.problem, ""))
-        elif fmt == "eval":
-            texts.append(prompts.eval_message(p.problem))
-        else:
-            texts.append(prompts.student_message(p.problem))
-        texts.append("user\nassistant\n" + response_text(p, thinking=fmt == "eval"))
+        response = p.steps()[0] if fmt == "fact" else response_text(p, thinking=fmt == "eval")
+        texts += [user_message(p, fmt, cfg.reference_solution), "user\nassistant\n" + response]
     return texts
 
 
