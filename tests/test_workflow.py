@@ -459,7 +459,9 @@ def test_tiny_run_branch_viability_diagnostic(tiny_run):
         y = (pool["label"] == stats.REAL_UNCERTAIN).astype(int)
         groups = pool["dataset"] + "/" + pool["problem_id"]
         row = next(r for r in summary["scores"] if r["score"] == "early_position")
-        assert row["auroc"] == pytest.approx(stats.residualized_auroc(pool["early_position"], y, groups))
+        raw = stats.residualized_auroc(pool["early_position"], y, groups)
+        assert row["auroc_raw"] == pytest.approx(raw) and row["auroc_folded"] == pytest.approx(max(raw, 1 - raw))
+        assert row["auroc"] == row[f"auroc_{summary['orientation']}"]  # the table's orientation (config)
         assert f"{row['auroc']:.2f}" in table and "n/a" not in table
     else:
         assert "Not computable" in table
