@@ -63,7 +63,7 @@ def test_vllm_engine_settings_come_from_the_model_entry():
                                      "tensor_parallel_size": 4, "gpu_memory_utilization": 0.9, "enforce_eager": True,
                                      "kv_cache_memory_bytes": None, "enable_chunked_prefill": None,
                                      "distributed_executor_backend": None, "enable_lora": None, "max_lora_rank": None,
-                                     "seed": 0, "trust_remote_code": False}
+                                     "block_size": None, "seed": 0, "trust_remote_code": False}
     assert backend.data_parallel_size == 1
 
 
@@ -83,6 +83,24 @@ def test_cpu_engine_settings_reach_the_engine_from_the_tiny_overlay():
     with pytest.raises(ValueError, match="in_process needs tensor_parallel_size 1"):
         make_backend("vllm", {"path": "/m"}, dtype="float32", max_model_len=512,
                      options={**backend_options(cfg, "tiny_qwen3"), "tensor_parallel_size": 2})
+
+
+def test_the_rehearsals_block_size_reaches_its_evaluation_and_rollout_engines_and_no_paper_run():
+    """models.<model>.vllm.block_size (the prefix cache's grain) is passed to vLLM where set; a model
+    without it passes None (vLLM's default) and its training params keep no such key (no reruns)."""
+    from pwopsd.config import load_config_files, rollout_engine_settings, validate_config
+
+    cfg = load_config_files([REPO / "config" / "config.yaml", REPO / "config" / "rehearsal.yaml"])
+    backend = make_backend("vllm", {"path": "/m"}, dtype="float32", max_model_len=1024,
+                           options=backend_options(cfg, "smollm2_135m"))
+    assert backend.engine_kwargs["block_size"] == 32
+    assert rollout_engine_settings(cfg, "smollm2_135m")["block_size"] == 32
+    paper = load_config_files([REPO / "config" / "config.yaml"])
+    assert "block_size" not in rollout_engine_settings(paper, "qwen3_4b")
+    entry = cfg["models"]["smollm2_135m"]
+    raw = {**cfg, "models": {"smollm2_135m": {**entry, "vllm": {**entry["vllm"], "block_size": 16}}}}
+    with pytest.raises(Exception, match=r"models\.smollm2_135m\.vllm\.block_size: vLLM's CPU build .* not 16"):
+        validate_config(raw)
 
 
 def test_an_engine_start_failure_names_the_settings_in_one_line():

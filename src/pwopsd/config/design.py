@@ -251,7 +251,9 @@ def rollout_engine_settings(cfg: dict, model: str) -> dict:
     v = cfg["models"][model]["vllm"]  # schema defaults filled by validation
     return {"gpu_memory_utilization": v["train_gpu_memory_utilization"], "enforce_eager": v["enforce_eager"],
             "kv_cache_memory_gib": v["kv_cache_memory_gib"], "enable_chunked_prefill": v["enable_chunked_prefill"],
-            "in_process": v["in_process"], "max_model_len": rollout_context(cfg), "check": cfg["training"]["rollout_check"]}
+            "in_process": v["in_process"], "max_model_len": rollout_context(cfg), "check": cfg["training"]["rollout_check"],
+            # where set only: the rule's params of runs without it stay as they were (no reruns)
+            **({"block_size": v["block_size"]} if v["block_size"] is not None else {})}
 
 
 # Room for a student prompt in the rollout engine's context when training.rollout_max_model_len is null.

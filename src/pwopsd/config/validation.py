@@ -50,6 +50,9 @@ def _semantic_problems(cfg: dict) -> list[str]:
         tp, dp = v.get("tensor_parallel_size", 1), v.get("data_parallel_size", 1)
         if v.get("in_process") and tp != 1:
             problems.append(f"models.{name}.vllm.in_process: needs tensor_parallel_size 1 (it is {tp})")
+        if m["gpus"]["generate"] == 0 and v.get("block_size") == 16:
+            problems.append(f"models.{name}.vllm.block_size: vLLM's CPU build (models.{name}.gpus.generate 0) takes "
+                            f"blocks of 32, 64 or 128 tokens, not 16")
         if m["gpus"]["generate"] > 0 and tp * dp != m["gpus"]["generate"]:
             problems.append(
                 f"models.{name}.vllm: tensor_parallel_size ({tp}) x data_parallel_size ({dp}) must equal "

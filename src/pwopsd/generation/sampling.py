@@ -234,7 +234,8 @@ def make_backend(name: str, manifest: dict, *, dtype: str, max_model_len: int | 
 
     ``options`` are execution settings (``hf_batch_size``; for vLLM a model's ``vllm`` entry:
     ``tensor_parallel_size``, ``data_parallel_size``, ``gpu_memory_utilization``,
-    ``enforce_eager``, ``kv_cache_memory_gib``, ``enable_chunked_prefill``, ``in_process``; and
+    ``enforce_eager``, ``kv_cache_memory_gib``, ``enable_chunked_prefill``, ``in_process``,
+    ``block_size``; and
     for a training rollout engine ``max_lora_rank`` and ``engine_devices``, see
     :func:`pwopsd.generation.rollout.make_rollouts`). ``max_model_len`` None: the model's own.
     """
@@ -260,6 +261,7 @@ def make_backend(name: str, manifest: dict, *, dtype: str, max_model_len: int | 
         max_lora_rank=options.get("max_lora_rank"),
         engine_devices=options.get("engine_devices"),
         min_p=min_p,
+        block_size=options.get("block_size"),
     )
 
 

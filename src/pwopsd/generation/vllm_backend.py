@@ -86,7 +86,7 @@ class EngineStartError(RuntimeError):
 def make_engine_kwargs(model_path: str, *, dtype: str, max_model_len: int | None, tensor_parallel_size: int,
                        gpu_memory_utilization: float, enforce_eager: bool, engine_seed: int,
                        kv_cache_memory_gib: float | None = None, enable_chunked_prefill: bool | None = None,
-                       in_process: bool = False, max_lora_rank: int | None = None) -> dict:
+                       in_process: bool = False, max_lora_rank: int | None = None, block_size: int | None = None) -> dict:
     """``vllm.LLM`` keyword arguments from the backend's settings (``None``: vLLM's default).
 
     ``kv_cache_memory_gib`` sizes the KV cache directly (``kv_cache_memory_bytes``), instead of a
@@ -95,7 +95,10 @@ def make_engine_kwargs(model_path: str, *, dtype: str, max_model_len: int | None
     requests (chunked prefill + per-request seeds crash vLLM's CPU sampler). ``in_process`` runs
     the engine's worker in the engine core (``distributed_executor_backend="uni"``); the core itself
     is kept in the job's process by :func:`build_engine`. ``max_lora_rank`` enables LoRA adapters
-    per request (a training run's rollout engine, :class:`Adapter`).
+    per request (a training run's rollout engine, :class:`Adapter`). ``block_size`` is the KV
+    cache's block in tokens, also the grain of vLLM's prefix cache: requests share a prompt's
+    blocks only where they are full (vLLM's CPU default is 128 tokens, so prompts shorter than that
+    are computed again for every sample).
     """
     if in_process and tensor_parallel_size != 1:
         raise ValueError("models.<model>.vllm.in_process needs tensor_parallel_size 1")
@@ -111,6 +114,7 @@ def make_engine_kwargs(model_path: str, *, dtype: str, max_model_len: int | None
         "distributed_executor_backend": "uni" if in_process else None,
         "enable_lora": True if max_lora_rank else None,
         "max_lora_rank": max_lora_rank or None,
+        "block_size": block_size,
         "seed": engine_seed,
         "trust_remote_code": False,
     }
@@ -264,12 +268,13 @@ class VLLMBackend:
         max_lora_rank: int | None = None,
         engine_devices: str | None = None,
         min_p: float = 0.0,
+        block_size: int | None = None,
     ):
         self.engine_kwargs = make_engine_kwargs(
             model_path, dtype=dtype, max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
             gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager, engine_seed=engine_seed,
             kv_cache_memory_gib=kv_cache_memory_gib, enable_chunked_prefill=enable_chunked_prefill, in_process=in_process,
-            max_lora_rank=max_lora_rank)
+            max_lora_rank=max_lora_rank, block_size=block_size)
         self.adapter: Adapter | None = None
         self._adapter_ids = 0
         self._reload = False  # the model folder's weights changed since the engine loaded them
