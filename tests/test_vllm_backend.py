@@ -88,7 +88,7 @@ def test_cpu_engine_settings_reach_the_engine_from_the_tiny_overlay():
 def test_the_rehearsals_block_size_reaches_its_evaluation_and_rollout_engines_and_no_paper_run():
     """models.<model>.vllm.block_size (the prefix cache's grain) is passed to vLLM where set; a model
     without it passes None (vLLM's default) and its training params keep no such key (no reruns)."""
-    from pwopsd.config import load_config_files, rollout_engine_settings, validate_config
+    from pwopsd.config import ConfigError, load_config_files, rollout_engine_settings, validate_config
 
     cfg = load_config_files([REPO / "config" / "config.yaml", REPO / "config" / "rehearsal.yaml"])
     backend = make_backend("vllm", {"path": "/m"}, dtype="float32", max_model_len=1024,
@@ -99,7 +99,7 @@ def test_the_rehearsals_block_size_reaches_its_evaluation_and_rollout_engines_an
     assert "block_size" not in rollout_engine_settings(paper, "qwen3_4b")
     entry = cfg["models"]["smollm2_135m"]
     raw = {**cfg, "models": {"smollm2_135m": {**entry, "vllm": {**entry["vllm"], "block_size": 16}}}}
-    with pytest.raises(Exception, match=r"models\.smollm2_135m\.vllm\.block_size: vLLM's CPU build .* not 16"):
+    with pytest.raises(ConfigError, match=r"models\.smollm2_135m\.vllm\.block_size: vLLM's CPU build .* not 16"):
         validate_config(raw)
 
 
