@@ -11,6 +11,7 @@ import ast
 import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -36,22 +37,24 @@ def vllm_src():
     cache.mkdir(parents=True, exist_ok=True)
     wheels = sorted(cache.glob(f"vllm-{version}-*.whl"))
     if not wheels:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
-               "--python-version", "3.11", "-d", str(cache), f"vllm=={version}"]
-        for plat in LINUX_X86_64_PLATFORMS:
-            cmd += ["--platform", plat]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:  # moved in whole: another worker never sees a part
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+                   "--python-version", "3.11", "-d", tmp, f"vllm=={version}"]
+            for plat in LINUX_X86_64_PLATFORMS:
+                cmd += ["--platform", plat]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            for wheel in Path(tmp).glob(f"vllm-{version}-*.whl"):
+                os.replace(wheel, cache / wheel.name)
         wheels = sorted(cache.glob(f"vllm-{version}-*.whl"))
         if proc.returncode != 0 or not wheels:
             msg = f"could not download vllm=={version}: {proc.stderr.strip()[-500:]}"
             if os.environ.get("CI"):
                 pytest.fail(msg)
             pytest.skip(msg)
-    out = cache / f"vllm-{version}-src"
+    # parsed from the wheel itself: an extracted copy was rewritten by each xdist worker in turn,
+    # and a worker could read a file another was writing (a fast tier failed so)
     with zipfile.ZipFile(wheels[0]) as zf:
-        for name in SOURCES:
-            zf.extract(name, out)
-    return {"version": version, **{name: ast.parse((out / name).read_text()) for name in SOURCES}}
+        return {"version": version, **{name: ast.parse(zf.read(name).decode()) for name in SOURCES}}
 
 
 def _class(tree, name):
