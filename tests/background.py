@@ -24,7 +24,24 @@ import threading
 import time
 from typing import Callable
 
+
+
+def machine_cpu_seconds() -> float | None:
+    """CPU-seconds every process of this host has run since boot (``/proc/stat``: user, nice,
+    system, irq, softirq, steal; not idle or iowait), or None where there is no ``/proc/stat``.
+    The session's difference counts what no process tree of the session reports: the test
+    Slurm's jobs run under ``slurmd``, not below this process."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 SESSION_START = time.time()
+_MACHINE_START = machine_cpu_seconds()
 _PARTS: dict[str, "Part"] = {}
 _LOCK = threading.Lock()
 _TIMES: dict[str, tuple[float, float]] = {}  # what the report lists: name -> (start, end), seconds
@@ -130,6 +147,10 @@ def report(total: float | None = None) -> list[str]:
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_all = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
     lines.append(f"{'session':<34}{now:7.0f} s   CPU {cpu_all:7.0f} s (this process {own.ru_utime + own.ru_stime:.0f} s)")
+    machine = machine_cpu_seconds()
+    if machine is not None and _MACHINE_START is not None:
+        lines.append(f"{'the host, every process':<34}{'':9}   CPU {machine - _MACHINE_START:7.0f} s "
+                     "(the test Slurm's jobs too)")
     if ci_start:
         lines.append(f"{'in all (installs and session)':<34}{time.time() - float(ci_start):7.0f} s")
     return lines

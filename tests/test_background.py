@@ -46,3 +46,17 @@ def test_the_tests_of_the_longest_part_run_at_the_end_of_the_session_by_module()
              ("a", "tiny3", True, True)]
     ordered = background.waiting_last(tests, module=lambda t: t[0], waits=lambda t: t[2], last=lambda t: t[3])
     assert [t[1] for t in ordered] == ["quick1", "wait1", "quick2", "quick3", "tiny1", "tiny3", "tiny2"]
+
+
+def test_the_hosts_cpu_seconds_count_a_process_that_is_not_below_the_session(tmp_path):
+    """The report's host line counts work no part's process tree holds (the test Slurm's jobs run
+    under slurmd): a detached process's 0.6 CPU-seconds move it by at least that much."""
+    import subprocess
+
+    before = background.machine_cpu_seconds()
+    assert before is not None  # Linux: /proc/stat
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6:\n    pass\n"
+    proc = subprocess.Popen([sys.executable, "-c", burn], start_new_session=True)
+    proc.wait()
+    assert background.machine_cpu_seconds() - before >= 0.55
+    assert any(line.startswith("the host, every process") for line in background.report())
