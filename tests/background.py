@@ -25,7 +25,6 @@ import time
 from typing import Callable
 
 
-
 def machine_cpu_seconds() -> float | None:
     """CPU-seconds every process of this host has run since boot (``/proc/stat``: user, nice,
     system, irq, softirq, steal; not idle or iowait), or None where there is no ``/proc/stat``.
