@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pwopsd import prompts
-from pwopsd.generation import FINISH_LENGTH, FINISH_STOP, GenerationRequest, get_backend
+from pwopsd.generation import FINISH_LENGTH, FINISH_STOP, GenerationRequest, get_backend, stream_seed
 from pwopsd.generation.hf_backend import HFBackend, filter_and_sample, shared_prompts
 
 
@@ -100,11 +100,49 @@ def test_same_seed_same_tokens_regardless_of_batch(backend, tiny_tokenizer):
     for a, b, c, d in zip(alone, mixed, small, single):
         assert a.token_ids == b.token_ids == c.token_ids == d.token_ids
     assert len({tuple(c.token_ids) for c in alone}) > 1  # the n samples differ
-    # vLLM convention: sample j of seed s is sample 0 of seed s + j.
-    shifted = backend.generate([GenerationRequest(target.prompt_ids, n=1, seed=12, top_p=0.95, max_new_tokens=24)])[0][0]
+    # vLLM convention: sample j draws with the request's stream seed + j (a shared-stream request
+    # with that seed, sample 0, is the same draw).
+    shifted = backend.generate([GenerationRequest(target.prompt_ids, n=1, seed=target.base_seed() + 1, top_p=0.95,
+                                                  max_new_tokens=24, streams="shared")])[0][0]
     assert shifted.token_ids == alone[1].token_ids
     other_seed = backend.generate([GenerationRequest(target.prompt_ids, n=3, seed=99, top_p=0.95, max_new_tokens=24)])[0]
     assert [c.token_ids for c in other_seed] != [c.token_ids for c in alone]
+
+
+def test_each_problem_and_seed_has_streams_of_its_own():
+    """Per-prompt streams: no two (seed, prompt) pairs of an evaluation share a generator seed,
+    whatever n; shared streams (the reference's) give every prompt seed + j."""
+    prompts_ = [tuple(range(k, k + 1 + k % 7)) for k in range(300)]
+    seeds = (0, 1, 2, 3)
+    drawn = [GenerationRequest(p, n=12, seed=s).sample_seed(j) for s in seeds for p in prompts_ for j in range(12)]
+    assert len(set(drawn)) == len(drawn)
+    base = sorted(GenerationRequest(p, n=12, seed=s).base_seed() for s in seeds for p in prompts_)
+    assert min(b - a for a, b in zip(base, base[1:])) >= 12  # no stream window overlaps another
+    assert max(base) + 12 < 2**63
+    # By content: a list and a tuple of the same ids, and seed None with the backend default 0.
+    assert stream_seed(3, [5, 6]) == stream_seed(3, (5, 6)) == GenerationRequest((5, 6), seed=3).base_seed()
+    assert GenerationRequest((5, 6)).base_seed(default_seed=3) == stream_seed(3, (5, 6))
+    assert stream_seed(3, (5, 6)) != stream_seed(3, (6, 5)) != stream_seed(4, (6, 5))
+    shared = [GenerationRequest(p, n=12, seed=1, streams="shared") for p in prompts_[:3]]
+    assert {tuple(r.sample_seed(j) for j in range(12)) for r in shared} == {tuple(range(1, 13))}
+    with pytest.raises(ValueError, match="streams"):
+        GenerationRequest((1,), streams="per_problem")
+
+
+def test_shared_streams_tie_problems_and_seeds_together_and_per_prompt_streams_do_not(backend, tiny_tokenizer):
+    """Why per-prompt streams: with shared ones (seed + j for every prompt) the hf sampler's inverse
+    CDF ties sample j of every problem to one uniform, so problems whose next-token distributions
+    agree get the same samples, and seed s + 1 repeats n - 1 of seed s's samples."""
+    ids = _ids(tiny_tokenizer, "Compute 3 + 4.")
+    req = lambda streams, seed: GenerationRequest(ids, n=4, seed=seed, top_p=0.95, max_new_tokens=24,  # noqa: E731
+                                                  streams=streams)
+    # One prompt as two problems of the same seed: one distribution, the same uniforms, one sample.
+    a, b = backend.generate([req("shared", 5), req("shared", 5)])
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    shared5, shared6, five, six = backend.generate([req("shared", 5), req("shared", 6), req("per_prompt", 5),
+                                                    req("per_prompt", 6)])
+    assert [c.token_ids for c in shared5[1:]] == [c.token_ids for c in shared6[:3]]
+    assert [c.token_ids for c in five[1:]] != [c.token_ids for c in six[:3]]
 
 
 def test_shared_prompts_index_each_row_by_its_first_appearance():

@@ -20,7 +20,8 @@ def sampling_seed(cfg: dict, seed_name: str) -> int | None:
     return int(seed_name)
 
 
-SAMPLING_KEYS = ("n", "temperature", "top_p", "top_k", "min_p", "max_new_tokens", "max_model_len", "enable_thinking")
+SAMPLING_KEYS = ("n", "temperature", "top_p", "top_k", "min_p", "max_new_tokens", "max_model_len", "enable_thinking",
+                 "sample_streams")
 
 
 def eval_sampling_settings(cfg: dict) -> dict:

@@ -3,10 +3,16 @@
 A :class:`GenerationRequest` carries prompt token ids and sampling settings; a backend returns,
 per request, ``n`` :class:`Completion` objects (token ids, text, finish reason).
 
-Seeding follows vLLM's per-request semantics so that both backends mean the same thing:
-sample ``j`` of a request with seed ``s`` is drawn from a generator seeded with ``s + j``, so a
-seeded request's samples do not depend on what else is in the batch (the backends' samplers
-differ, so the same seed gives different samples in ``hf`` and ``vllm``). ``seed=None`` means
+Seeding: a request's samples come from streams of their own. With ``streams="per_prompt"`` (the
+default) a request with seed ``s`` and prompt ``p`` has the stream seed
+``stream_seed(s, p)``, a 62-bit hash of both, and sample ``j`` is drawn from a generator seeded with
+``stream_seed(s, p) + j`` (vLLM's convention for the ``n`` samples of one seeded request). So the
+samples of two problems, or of two evaluation seeds, never share their random numbers, and a
+seeded request's samples do not depend on what else is in the batch. ``streams="shared"`` uses
+``s + j`` itself, as the reference's vLLM calls do: sample ``j`` of every prompt of one seed then
+draws the same numbers, and seeds ``s`` and ``s + 1`` share ``n - 1`` of their ``n`` streams
+(docs/decisions.md, "Sampling streams"). The backends' samplers differ, so the same stream gives
+different samples in ``hf`` and ``vllm``. ``seed=None`` means
 "the engine default", which the backends do not share: the ``hf`` backend draws with seed 0
 (reproducible), vLLM V1 draws from the engine's running generator, so the samples depend on what
 the engine ran before and are not reproducible. Each backend says which through
@@ -15,11 +21,25 @@ the engine ran before and are not reproducible. Each backend says which through
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass
 from typing import Protocol, Sequence
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
+
+STREAMS = ("per_prompt", "shared")
+STREAM_SEED_BITS = 62  # room to add a sample index and stay a valid 64-bit generator seed
+
+
+def stream_seed(seed: int, prompt_ids: Sequence[int]) -> int:
+    """The stream seed of a request with ``seed`` and prompt ``prompt_ids``: the first 8 bytes of
+    the BLAKE2b hash of both (the prompt by content), cut to 62 bits. Its samples are drawn with
+    ``stream_seed + j``; two prompts' or two seeds' stream seeds are unrelated 62-bit numbers, so
+    their streams do not overlap however many samples a request has."""
+    text = f"{int(seed)}|{','.join(str(int(t)) for t in prompt_ids)}"
+    digest = hashlib.blake2b(text.encode("ascii"), digest_size=8, person=b"pwopsd-stream").digest()
+    return int.from_bytes(digest, "big") >> (64 - STREAM_SEED_BITS)
 
 
 @dataclass(frozen=True)
@@ -32,6 +52,7 @@ class GenerationRequest:
     top_k: int = 0  # 0 or -1: disabled
     max_new_tokens: int = 256
     stop_ids: tuple[int, ...] = ()
+    streams: str = "per_prompt"  # or "shared": sample j draws with seed + j for every prompt
 
     def __post_init__(self):
         if self.n < 1:
@@ -48,14 +69,21 @@ class GenerationRequest:
             raise ValueError("greedy decoding (temperature 0) with n > 1 gives n identical samples")
         if len(self.prompt_ids) == 0:
             raise ValueError("empty prompt")
+        if self.streams not in STREAMS:
+            raise ValueError(f"streams must be one of {STREAMS}, got {self.streams!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    def base_seed(self, default_seed: int = 0) -> int:
+        """The seed of sample 0 (sample ``j`` draws with ``base_seed + j``); ``seed=None`` takes
+        ``default_seed``. This is the seed a vLLM request carries."""
+        seed = default_seed if self.seed is None else self.seed
+        return stream_seed(seed, self.prompt_ids) if self.streams == "per_prompt" else seed
+
     def sample_seed(self, j: int, default_seed: int = 0) -> int:
-        base = default_seed if self.seed is None else self.seed
-        return base + j
+        return self.base_seed(default_seed) + j
 
 
 @dataclass

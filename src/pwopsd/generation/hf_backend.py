@@ -1,7 +1,8 @@
 """Hugging Face transformers backend: batched sampling with a KV cache on CPU or one GPU.
 
 It runs its own decode loop rather than ``model.generate`` so that every sample has its own
-``torch.Generator`` (seed ``request.seed + j``, the vLLM convention). A sample's tokens then
+``torch.Generator`` (seed ``request.sample_seed(j)``: its stream seed plus ``j``, the vLLM
+convention; :mod:`pwopsd.generation`). A sample's tokens then
 depend only on its prompt, its seed and the model, not on which other prompts share its batch.
 
 Efficiency: rows are sorted by prompt length to keep left padding small, the samples of one prompt

@@ -40,6 +40,7 @@ class SamplingConfig:
     max_model_len: int
     seed: int | None
     min_p: float = 0.0
+    streams: str = "per_prompt"  # GenerationRequest.streams
 
     @classmethod
     def from_evaluation(cls, evaluation: dict, seed: int | None) -> "SamplingConfig":
@@ -52,6 +53,7 @@ class SamplingConfig:
             max_model_len=int(evaluation["max_model_len"]),
             seed=seed,
             min_p=float(evaluation.get("min_p", 0.0)),
+            streams=str(evaluation.get("sample_streams", "per_prompt")),
         )
 
     def request(self, prompt_ids: Sequence[int]) -> GenerationRequest:
@@ -66,6 +68,7 @@ class SamplingConfig:
             top_p=self.top_p,
             top_k=self.top_k,
             max_new_tokens=min(self.max_new_tokens, room),
+            streams=self.streams,
         )
 
 

@@ -33,7 +33,9 @@ def sampling_params_kwargs(req: GenerationRequest, *, min_p: float = 0.0) -> dic
     """``vllm.SamplingParams`` keyword arguments for one request.
 
     top_k disabled is passed as -1 (accepted by every vLLM release; 0 was rejected before 0.9).
-    ``seed=None`` is left out so the engine seed applies (the paper's "main" run).
+    ``seed=None`` is left out so the engine seed applies (the paper's "main" run); otherwise the
+    request's :meth:`~pwopsd.generation.GenerationRequest.base_seed` (per prompt by default), and
+    vLLM seeds sample ``j`` with it plus ``j``.
     """
     kwargs: dict[str, Any] = {
         "n": req.n,
@@ -46,7 +48,7 @@ def sampling_params_kwargs(req: GenerationRequest, *, min_p: float = 0.0) -> dic
         "skip_special_tokens": True,
     }
     if req.seed is not None:
-        kwargs["seed"] = int(req.seed)
+        kwargs["seed"] = req.base_seed()
     return kwargs
 
 
