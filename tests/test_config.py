@@ -97,6 +97,7 @@ MISTAKES = [
     ("h_trunc reading", ["diagnostic", "teacher_pass", "h_trunc"], "top16", False, "diagnostic.teacher_pass.h_trunc", "is not one of"),
     ("top_m_valid with top_k = top_m", ["diagnostic", "teacher_pass", "h_trunc"], "top_m_valid", False, "diagnostic.teacher_pass.h_trunc", "top_k > top_m"),
     ("top_m above top_k", ["diagnostic", "teacher_pass", "top_m"], 32, False, "diagnostic.teacher_pass.top_m", "stored tokens"),
+    ("sample streams", ["evaluation", "sample_streams"], "per_problem", False, "evaluation.sample_streams", "is not one of"),
     ("orientation", ["diagnostic", "scores", "orientation"], "oriented", False, "diagnostic.scores.orientation", "is not one of"),
     ("verdicts grader", ["grading", "verdicts"], "official", False, "grading.verdicts", "not one of grading.graders"),
     ("grader option", ["grading", "graders", "corrected", "empty_box"], "none", False, "grading.graders.corrected.empty_box", "is not one of"),

@@ -6,7 +6,7 @@ import pytest
 
 from pwopsd import prompts
 from pwopsd.io import read_parquet_metadata
-from pwopsd.generation.sampling import PromptTooLongError, SamplingConfig, eval_prompt_ids, sample_benchmark
+from pwopsd.generation.sampling import PromptTooLongError, SamplingConfig, benchmark_shards, eval_prompt_ids, sample_benchmark
 from pwopsd.tiny.examples import TinyBuildConfig
 from pwopsd.tiny.model import check_dev_accuracy
 
@@ -40,6 +40,20 @@ def test_eval_prompts_use_the_eval_template(tiny_tokenizer):
     assert text == prompts.render(tiny_tokenizer, prompts.eval_message("Compute 1 + 1."), prompts.EVAL)
     off = tiny_tokenizer.decode(eval_prompt_ids(tiny_tokenizer, ["x"], enable_thinking=False, add_special_tokens=False)[0])
     assert off.endswith("<think>\n\n</think>\n\n")
+
+
+def test_the_configured_streams_reach_every_request_and_key_the_kept_shards(tmp_path):
+    """``evaluation.sample_streams`` reaches the requests, and shards sampled under one setting are
+    never resumed under the other (they hold other samples)."""
+    per_prompt, shared = (SamplingConfig.from_evaluation({**EVAL, **extra}, seed=1)
+                          for extra in ({}, {"sample_streams": "shared"}))
+    prompts_ = [[5, 6, 7], [5, 6, 8]]
+    assert [per_prompt.request(p).streams for p in prompts_] == ["per_prompt"] * 2
+    assert [shared.request(p).sample_seed(1) for p in prompts_] == [2, 2]
+    assert len({per_prompt.request(p).sample_seed(1) for p in prompts_}) == 2
+    folders = {cfg.streams: benchmark_shards(["a", "b"], prompts_, cfg, output=tmp_path / "g.parquet", metadata={})[0].file.parent
+               for cfg in (per_prompt, shared)}
+    assert folders["per_prompt"] != folders["shared"]
 
 
 @pytest.mark.vllm_stack
