@@ -99,11 +99,13 @@ def test_spines_fall_back_when_greedy_has_no_boxed(spines, random_tiny_model, ti
     expected = bv.student_prompt_ids(tiny_tokenizer, spines["problem"].iloc[0], kind="eval",
                                      chat_template=settings["chat_template"])
     assert list(spines["prompt_ids"].iloc[0]) == expected
-    # The fallback is the seeded T=0.7 rollout of the same prompt.
+    # The fallback is the seeded T=0.7 rollout of the same prompt, on a stream of its own (the
+    # fallbacks share diagnostic.spine.seed).
     from pwopsd.generation import GenerationRequest
 
     direct = HFBackend(random_tiny_model, tiny_tokenizer).generate(
-        [GenerationRequest(tuple(expected), n=1, seed=0, temperature=0.7, top_p=1.0, max_new_tokens=12)])[0][0]
+        [GenerationRequest(tuple(expected), n=1, seed=0, temperature=0.7, top_p=1.0, max_new_tokens=12,
+                           streams="per_prompt")])[0][0]
     assert bv.strip_stop(direct.token_ids, special) == list(spines["spine_ids"].iloc[0])
     again = bv.run_spines(HFBackend(random_tiny_model, tiny_tokenizer, batch_size=2), tiny_tokenizer,
                           spines[["dataset", "problem_id", "problem", "answer", "solution"]], settings, grade=grade,

@@ -133,12 +133,17 @@ def test_seeded_samples_do_not_depend_on_the_batch_or_the_run(engine, prompts):
     mixed = engine.generate([r for pair in zip(requests, sampled(prompts, seed=99)) for r in pair])
     alone = token_ids(engine.generate([requests[3]]))
     assert reversed_ == full and token_ids(mixed[::2]) == full and alone == [full[3]]
-    # Sample j draws with the request's stream seed + j (the convention both backends share): the
-    # one sample of a shared-stream request with that seed is the same draw.
-    one = token_ids(engine.generate([GenerationRequest(r.prompt_ids, n=1, seed=r.base_seed() + 5, temperature=1.0,
-                                                       top_p=0.95, max_new_tokens=48, streams="shared")
-                                     for r in requests[:2]]))
+    # Sample j draws with the request's base seed + j (the convention both backends share): seed
+    # 7 + 5's one sample; and per prompt, the one sample of a request seeded with its stream seed + 5.
+    one = token_ids(engine.generate(sampled(prompts[:2], seed=7 + 5, n=1)))
     assert [o[0] for o in one] == [full[0][5], full[1][5]]
+    per_prompt = [GenerationRequest(r.prompt_ids, n=12, seed=7, temperature=1.0, top_p=0.95, max_new_tokens=48,
+                                    streams="per_prompt") for r in requests[:2]]
+    streams = token_ids(engine.generate(per_prompt))
+    assert streams != full[:2]
+    one = token_ids(engine.generate([GenerationRequest(r.prompt_ids, n=1, seed=r.base_seed() + 5, temperature=1.0,
+                                                       top_p=0.95, max_new_tokens=48) for r in per_prompt]))
+    assert [o[0] for o in one] == [streams[0][5], streams[1][5]]
     other_seed = token_ids(engine.generate(sampled(prompts, seed=8)))
     assert other_seed != full
 

@@ -183,9 +183,11 @@ def run_spines(backend, tokenizer, problems: pd.DataFrame, settings: dict, *, gr
                   for p in problems["problem"]]
 
     def request(ids, temperature, seed):
+        # The fallback rollouts carry one seed (diagnostic.spine.seed): a stream per prompt keeps
+        # the problems' draws apart.
         sampling = SamplingConfig(n=1, temperature=temperature, top_p=1.0 if temperature == 0 else float(sp["fallback_top_p"]),
                                   top_k=0, max_new_tokens=int(sp["max_new_tokens"]), max_model_len=int(sp["max_model_len"]),
-                                  seed=seed)
+                                  seed=seed, streams="per_prompt")
         try:
             return sampling.request(ids)
         except PromptTooLongError as exc:

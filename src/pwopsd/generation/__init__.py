@@ -3,15 +3,17 @@
 A :class:`GenerationRequest` carries prompt token ids and sampling settings; a backend returns,
 per request, ``n`` :class:`Completion` objects (token ids, text, finish reason).
 
-Seeding: a request's samples come from streams of their own. With ``streams="per_prompt"`` (the
-default) a request with seed ``s`` and prompt ``p`` has the stream seed
-``stream_seed(s, p)``, a 62-bit hash of both, and sample ``j`` is drawn from a generator seeded with
-``stream_seed(s, p) + j`` (vLLM's convention for the ``n`` samples of one seeded request). So the
-samples of two problems, or of two evaluation seeds, never share their random numbers, and a
-seeded request's samples do not depend on what else is in the batch. ``streams="shared"`` uses
-``s + j`` itself, as the reference's vLLM calls do: sample ``j`` of every prompt of one seed then
-draws the same numbers, and seeds ``s`` and ``s + 1`` share ``n - 1`` of their ``n`` streams
-(docs/decisions.md, "Sampling streams"). The backends' samplers differ, so the same stream gives
+Seeding follows vLLM's per-request semantics so that both backends mean the same thing: sample
+``j`` of a request draws from a generator seeded with the request's base seed plus ``j``, so a
+seeded request's samples do not depend on what else is in the batch. The base seed is the
+request's ``seed`` itself (``streams="shared"``, the default and the reference's vLLM calls), or,
+with ``streams="per_prompt"``, ``stream_seed(seed, prompt)``, a 62-bit hash of both. With shared
+streams, requests that carry one seed share their random numbers: sample ``j`` of every prompt of
+an evaluation seed ``s`` draws the same numbers, and seeds ``s`` and ``s + 1`` share ``n - 1`` of
+their ``n`` streams; per-prompt streams give each (seed, problem) numbers of its own. Evaluations
+choose with ``evaluation.sample_streams`` (docs/decisions.md, "Sampling streams"); training
+rollouts and forced continuations give each request a seed of its own, the diagnostic's fallback
+spines use per-prompt streams. The backends' samplers differ, so the same stream gives
 different samples in ``hf`` and ``vllm``. ``seed=None`` means
 "the engine default", which the backends do not share: the ``hf`` backend draws with seed 0
 (reproducible), vLLM V1 draws from the engine's running generator, so the samples depend on what
@@ -52,7 +54,7 @@ class GenerationRequest:
     top_k: int = 0  # 0 or -1: disabled
     max_new_tokens: int = 256
     stop_ids: tuple[int, ...] = ()
-    streams: str = "per_prompt"  # or "shared": sample j draws with seed + j for every prompt
+    streams: str = "shared"  # sample j draws with seed + j; "per_prompt": stream_seed(seed, prompt) + j
 
     def __post_init__(self):
         if self.n < 1:
