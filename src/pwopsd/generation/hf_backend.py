@@ -1,7 +1,7 @@
 """Hugging Face transformers backend: batched sampling with a KV cache on CPU or one GPU.
 
 It runs its own decode loop rather than ``model.generate`` so that every sample has its own
-``torch.Generator`` (seed ``request.sample_seed(j)``: its stream seed plus ``j``, the vLLM
+``torch.Generator`` (seed ``request.sample_seed(j)``: its base seed plus ``j``, the vLLM
 convention; :mod:`pwopsd.generation`). A sample's tokens then
 depend only on its prompt, its seed and the model, not on which other prompts share its batch.
 
