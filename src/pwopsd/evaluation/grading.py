@@ -22,7 +22,8 @@ published numbers) and carries ``corrected`` (the parse-failure fallback, boxed 
 math-verify's own timeout is a SIGALRM that cannot interrupt long C-level big-integer work and
 breaks in threads, so :class:`GraderPool` runs every grade in a worker *process* with a hard
 wall-clock limit; a grade past the limit is recorded as ``timeout`` (incorrect), the worker is
-killed and replaced, and grading goes on. Model outputs only ever reach math-verify's parser;
+killed and replaced (one whose grade ended by itself past the limit, while the pool was busy, is
+kept), and grading goes on. Model outputs only ever reach math-verify's parser;
 nothing here evaluates them.
 """
 
@@ -360,6 +361,13 @@ class GraderPool:
                             break
                         w.inflight.popleft()
                         w.started = time.monotonic()
+                        if status == STATUS_OK and seconds >= self.timeout:
+                            # It ran past the hard limit while this loop was held (e.g. starting
+                            # a replacement worker) and ended by itself: a timeout all the same.
+                            log.warning("grade took %.1fs, over the %.1fs hard limit: gold=%r pred=%r",
+                                        seconds, self.timeout, key[0][:80], key[1][:80])
+                            self.stats["timeouts"] += 1
+                            ok, status = False, STATUS_TIMEOUT
                         if status == STATUS_CRASHED:
                             self.stats["crashes"] += 1
                         self.stats["graded"] += 1
