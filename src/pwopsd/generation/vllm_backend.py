@@ -34,8 +34,8 @@ def sampling_params_kwargs(req: GenerationRequest, *, min_p: float = 0.0) -> dic
 
     top_k disabled is passed as -1 (accepted by every vLLM release; 0 was rejected before 0.9).
     ``seed=None`` is left out so the engine seed applies (the paper's "main" run); otherwise the
-    request's :meth:`~pwopsd.generation.GenerationRequest.base_seed` (its seed, or its per-prompt stream seed), and
-    vLLM seeds sample ``j`` with it plus ``j``.
+    request's :meth:`~pwopsd.generation.GenerationRequest.base_seed` (its seed, or its per-prompt
+    stream seed), and vLLM seeds sample ``j`` with it plus ``j``.
     """
     kwargs: dict[str, Any] = {
         "n": req.n,
