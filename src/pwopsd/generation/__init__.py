@@ -5,15 +5,15 @@ per request, ``n`` :class:`Completion` objects (token ids, text, finish reason).
 
 Seeding follows vLLM's per-request semantics so that both backends mean the same thing: sample
 ``j`` of a request draws from a generator seeded with the request's base seed plus ``j``, so a
-seeded request's samples do not depend on what else is in the batch. The base seed is the
-request's ``seed`` itself (``streams="shared"``, the default and the reference's vLLM calls), or,
-with ``streams="per_prompt"``, ``stream_seed(seed, prompt)``, a 62-bit hash of both. With shared
-streams, requests that carry one seed share their random numbers: sample ``j`` of every prompt of
-an evaluation seed ``s`` draws the same numbers, and seeds ``s`` and ``s + 1`` share ``n - 1`` of
-their ``n`` streams; per-prompt streams give each (seed, problem) numbers of its own. Evaluations
-choose with ``evaluation.sample_streams`` (docs/decisions.md, "Sampling streams"); training
-rollouts and forced continuations give each request a seed of its own, the diagnostic's fallback
-spines use per-prompt streams. The backends' samplers differ, so the same stream gives
+seeded request's samples do not depend on what else is in the batch. The base seed is
+``stream_seed(seed, prompt)``, a 62-bit hash of the request's seed and prompt
+(``streams="per_prompt"``, the default), or the seed itself (``streams="shared"``, the reference's
+vLLM calls). With shared streams, requests that carry one seed share their random numbers: sample
+``j`` of every prompt of an evaluation seed ``s`` draws the same numbers, and seeds ``s`` and
+``s + 1`` share ``n - 1`` of their ``n`` streams; per-prompt streams give each (seed, problem)
+numbers of its own. Evaluations choose with ``evaluation.sample_streams`` (docs/decisions.md,
+"Sampling streams"); every other request (training rollouts, forced continuations, spines, the
+tiny build's dev checks) takes the default. The backends' samplers differ, so the same stream gives
 different samples in ``hf`` and ``vllm``. ``seed=None`` means
 "the engine default", which the backends do not share: the ``hf`` backend draws with seed 0
 (reproducible), vLLM V1 draws from the engine's running generator, so the samples depend on what
@@ -54,7 +54,7 @@ class GenerationRequest:
     top_k: int = 0  # 0 or -1: disabled
     max_new_tokens: int = 256
     stop_ids: tuple[int, ...] = ()
-    streams: str = "shared"  # sample j draws with seed + j; "per_prompt": stream_seed(seed, prompt) + j
+    streams: str = "per_prompt"  # sample j draws with stream_seed(seed, prompt) + j; "shared": seed + j
 
     def __post_init__(self):
         if self.n < 1:

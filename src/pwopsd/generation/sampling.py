@@ -40,7 +40,7 @@ class SamplingConfig:
     max_model_len: int
     seed: int | None
     min_p: float = 0.0
-    streams: str = "shared"  # GenerationRequest.streams (evaluations: evaluation.sample_streams)
+    streams: str = "per_prompt"  # GenerationRequest.streams (evaluations: evaluation.sample_streams)
 
     @classmethod
     def from_evaluation(cls, evaluation: dict, seed: int | None) -> "SamplingConfig":
