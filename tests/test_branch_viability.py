@@ -181,7 +181,7 @@ def test_teacher_pass_and_candidates(spines, random_tiny_model, tiny_tokenizer, 
     spine = spines.set_index(["dataset", "problem_id"]).loc[(k["dataset"], k["problem_id"])]
     pos = int(cands.set_index(["dataset", "problem_id", "candidate"]).loc[(k["dataset"], k["problem_id"], k["candidate"]), "position"])
     assert list(requests[4].prompt_ids) == list(spine["prompt_ids"]) + list(spine["spine_ids"][:pos]) + [k["child_id"]]
-    seeds = [r.seed + j for r in requests for j in range(r.n)]
+    seeds = [r.sample_seed(j) for r in requests for j in range(r.n)]
     assert len(set(seeds)) == len(seeds) and all(r.n == 6 and r.temperature == 1.0 and r.top_p == 0.95 for r in requests)
     # The paper's continuations run to the model length; a rehearsal caps them (beyond the paper).
     assert "max_new_tokens" not in settings["forced_continuation"]

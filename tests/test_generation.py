@@ -101,13 +101,14 @@ def test_same_seed_same_tokens_regardless_of_batch(backend, tiny_tokenizer):
         assert a.token_ids == b.token_ids == c.token_ids == d.token_ids
     assert len({tuple(c.token_ids) for c in alone}) > 1  # the n samples differ
     # vLLM convention: sample j draws with the request's base seed + j (a shared-stream request
-    # with that seed, sample 0, is the same draw), whether the base seed is the seed or per prompt.
+    # with that seed, sample 0, is the same draw), whether the base seed is per prompt (the
+    # default, as ``target``) or the seed itself.
     for streams in ("shared", "per_prompt"):
         req = GenerationRequest(target.prompt_ids, n=3, seed=11, top_p=0.95, max_new_tokens=24, streams=streams)
         samples = backend.generate([req])[0]
-        assert (samples == alone) == (streams == "shared")
+        assert (samples == alone) == (streams == "per_prompt")
         shifted = backend.generate([GenerationRequest(target.prompt_ids, n=1, seed=req.base_seed() + 1, top_p=0.95,
-                                                      max_new_tokens=24)])[0][0]
+                                                      max_new_tokens=24, streams="shared")])[0][0]
         assert shifted.token_ids == samples[1].token_ids
     other_seed = backend.generate([GenerationRequest(target.prompt_ids, n=3, seed=99, top_p=0.95, max_new_tokens=24)])[0]
     assert [c.token_ids for c in other_seed] != [c.token_ids for c in alone]
@@ -128,7 +129,8 @@ def test_each_problem_and_seed_has_streams_of_its_own():
     assert stream_seed(3, [5, 6]) == stream_seed(3, (5, 6)) == GenerationRequest((5, 6), seed=3, streams="per_prompt").base_seed()
     assert GenerationRequest((5, 6), streams="per_prompt").base_seed(default_seed=3) == stream_seed(3, (5, 6))
     assert stream_seed(3, (5, 6)) != stream_seed(3, (6, 5)) != stream_seed(4, (6, 5))
-    shared = [GenerationRequest(p, n=12, seed=1) for p in prompts_[:3]]  # the default: the reference's
+    assert GenerationRequest((5, 6), seed=3).base_seed() == stream_seed(3, (5, 6))  # the default: per prompt
+    shared = [GenerationRequest(p, n=12, seed=1, streams="shared") for p in prompts_[:3]]  # the reference's
     assert {tuple(r.sample_seed(j) for j in range(12)) for r in shared} == {tuple(range(1, 13))}
     with pytest.raises(ValueError, match="streams"):
         GenerationRequest((1,), streams="per_problem")

@@ -26,10 +26,11 @@ def test_vllm_sampling_params_mapping():
     assert kw == {"n": 12, "temperature": 1.0, "top_p": 0.95, "top_k": -1, "min_p": 0.0, "max_tokens": 38912,
                   "stop_token_ids": [], "skip_special_tokens": True}
     assert "seed" not in kw  # "main" run: engine seed applies
-    seeded = sampling_params_kwargs(GenerationRequest((1,), n=12, seed=2, top_k=0, top_p=0.95))
+    seeded = sampling_params_kwargs(GenerationRequest((1,), n=12, seed=2, top_k=0, top_p=0.95, streams="shared"))
     assert seeded["seed"] == 2 and seeded["top_k"] == -1
-    # vLLM draws sample j with the request's seed + j: a per-prompt request carries its stream seed.
-    per_prompt = GenerationRequest((1,), n=12, seed=2, streams="per_prompt")
+    # vLLM draws sample j with the request's seed + j: a per-prompt request (the default) carries
+    # its stream seed.
+    per_prompt = GenerationRequest((1,), n=12, seed=2)
     assert sampling_params_kwargs(per_prompt)["seed"] == per_prompt.base_seed() == per_prompt.sample_seed(0) != 2
     rollout = sampling_params_kwargs(GenerationRequest((1,), temperature=1.1, top_p=0.95, top_k=20, max_new_tokens=1024, stop_ids=(5,)))
     assert (rollout["top_k"], rollout["temperature"], rollout["stop_token_ids"]) == (20, 1.1, [5])

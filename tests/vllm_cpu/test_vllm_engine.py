@@ -73,9 +73,9 @@ def hf(manifest, tokenizer):
                         options={"hf_batch_size": 64}, progress=False)
 
 
-def sampled(prompts, seed, n=12, max_new_tokens=48, stop_ids=()):
+def sampled(prompts, seed, n=12, max_new_tokens=48, stop_ids=(), streams="per_prompt"):
     return [GenerationRequest(tuple(p), n=n, seed=seed, temperature=1.0, top_p=0.95, max_new_tokens=max_new_tokens,
-                              stop_ids=tuple(stop_ids)) for p in prompts]
+                              stop_ids=tuple(stop_ids), streams=streams) for p in prompts]
 
 
 def token_ids(results):
@@ -122,7 +122,7 @@ def test_greedy_vllm_equals_greedy_hf_token_for_token(engine, hf, prompts, token
 
 
 def test_seeded_samples_do_not_depend_on_the_batch_or_the_run(engine, prompts):
-    requests = sampled(prompts, seed=7)
+    requests = sampled(prompts, seed=7, streams="shared")
     full = token_ids(engine.generate(requests))
     assert len(full) == len(prompts) and all(len(s) == 12 for s in full)
     assert len({tuple(t) for t in full[0]}) > 1  # real samples, not one repeated
@@ -130,21 +130,22 @@ def test_seeded_samples_do_not_depend_on_the_batch_or_the_run(engine, prompts):
     assert again == full  # the same batch a second time on the same engine
     # Other batch compositions: reversed, interleaved with requests of other seeds, one alone.
     reversed_ = token_ids(engine.generate(requests[::-1]))[::-1]
-    mixed = engine.generate([r for pair in zip(requests, sampled(prompts, seed=99)) for r in pair])
+    mixed = engine.generate([r for pair in zip(requests, sampled(prompts, seed=99, streams="shared")) for r in pair])
     alone = token_ids(engine.generate([requests[3]]))
     assert reversed_ == full and token_ids(mixed[::2]) == full and alone == [full[3]]
     # Sample j draws with the request's base seed + j (the convention both backends share): seed
     # 7 + 5's one sample; and per prompt, the one sample of a request seeded with its stream seed + 5.
-    one = token_ids(engine.generate(sampled(prompts[:2], seed=7 + 5, n=1)))
+    one = token_ids(engine.generate(sampled(prompts[:2], seed=7 + 5, n=1, streams="shared")))
     assert [o[0] for o in one] == [full[0][5], full[1][5]]
     per_prompt = [GenerationRequest(r.prompt_ids, n=12, seed=7, temperature=1.0, top_p=0.95, max_new_tokens=48,
                                     streams="per_prompt") for r in requests[:2]]
     streams = token_ids(engine.generate(per_prompt))
     assert streams != full[:2]
     one = token_ids(engine.generate([GenerationRequest(r.prompt_ids, n=1, seed=r.base_seed() + 5, temperature=1.0,
-                                                       top_p=0.95, max_new_tokens=48) for r in per_prompt]))
+                                                       top_p=0.95, max_new_tokens=48, streams="shared")
+                                     for r in per_prompt]))
     assert [o[0] for o in one] == [streams[0][5], streams[1][5]]
-    other_seed = token_ids(engine.generate(sampled(prompts, seed=8)))
+    other_seed = token_ids(engine.generate(sampled(prompts, seed=8, streams="shared")))
     assert other_seed != full
 
 
