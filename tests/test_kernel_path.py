@@ -1,5 +1,6 @@
 """Pinning torch's CPU kernel path for a run (config ``cpu_kernel_path``, pwopsd.runtime.pin_kernel_path)."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -90,22 +91,33 @@ def test_cpu_flags_reads_the_first_flags_line(tmp_path):
 def test_numpy_takes_the_pinned_blas_kernels_and_vector_loops():
     """The pin takes effect (a setting a library ignored would fail here): in a job's process
     OpenBLAS runs its Haswell kernels and NumPy dispatches no AVX512 loop, also on an AVX512 host,
-    where both would otherwise take their AVX512 code."""
+    where both would otherwise take their AVX512 code. NumPy dispatches a loop to the best of its
+    dispatch targets (``__cpu_dispatch__``: X86_V3, X86_V4, AVX512_ICL, ... in numpy 2.4) that the
+    CPU and ``NPY_DISABLE_CPU_FEATURES`` allow; single features such as AVX512F stay reported as
+    present when disabled (on an AVX-512 AMD Zen 4), but no AVX-512 target is taken."""
     if "avx2" not in cpu_flags():
         (pytest.fail if os.environ.get("CI") else pytest.skip)("needs an x86-64 host with AVX2")
-    code = ("import ctypes, glob, os, numpy as np; "
-            "from numpy._core._multiarray_umath import __cpu_features__ as f; "
+    code = ("import ctypes, glob, json, os, numpy as np; "
+            "from numpy._core._multiarray_umath import __cpu_features__ as f, __cpu_dispatch__ as d; "
             "lib = ctypes.CDLL(glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, 'numpy.libs', "
             "'libscipy_openblas*.so'))[0]); "
             "fn = getattr(lib, 'scipy_openblas_get_corename64_', None) or lib.openblas_get_corename; "
             "fn.restype = ctypes.c_char_p; "
-            "print(fn().decode(), any(v for k, v in f.items() if k.startswith(('AVX512', 'X86_V4')))) ")
-    env = {k: v for k, v in os.environ.items() if k not in PIN_NAMES}
-    env[MATMUL_ENV] = "exact"
-    pin_kernel_path("avx2", env)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["Haswell", "False"], out.stdout
+            "print(json.dumps({'core': fn().decode(), 'avx512_targets': [t for t in d if f.get(t) "
+            "and t.startswith(('AVX512', 'X86_V4'))]}))")
+
+    def run(pinned: bool) -> dict:
+        env = {k: v for k, v in os.environ.items() if k not in PIN_NAMES}
+        if pinned:
+            env[MATMUL_ENV] = "exact"
+            pin_kernel_path("avx2", env)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout)
+
+    assert run(pinned=True) == {"core": "Haswell", "avx512_targets": []}
+    if "avx512f" in cpu_flags():  # the pin had AVX-512 code to hold back here
+        assert run(pinned=False)["avx512_targets"], "an AVX-512 host whose NumPy takes no AVX-512 target unpinned"
 
 
 def test_torch_takes_the_pinned_path_and_provenance_records_it():
