@@ -8,8 +8,9 @@ learning test's own function, ``pwopsd.report.significance.gains_over_base``).
     python benchmarks/tiny_robustness.py --seeds 0 1 2 3 4 --out docs/tiny_robustness.md
 
 Each build runs the tiny workflow's Table 2 part in its own working directory (``--work``, default
-``/tmp/pwopsd-robustness``; finished builds are reused, as any Snakemake run's outputs). About 15 to
-16 minutes a build and its six trainings on 2 cores alone (the build 11 to 16 of them). The claim
+``/tmp/pwopsd-robustness``; finished builds are reused, as any Snakemake run's outputs). About 6 to 8
+minutes a build and its six trainings on 2 cores alone (AMD Zen 4, the two-layer toy; the build 3 to
+5 of them). The claim
 (docs/decisions.md, "Tiny mode: a toy robust to its own bits"): every OPSD / Moderate interval
 above 0 on every build, no broken training's.
 """
