@@ -18,7 +18,6 @@ longer depend on the host's core count, only on the number of processes.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import subprocess
@@ -84,10 +83,7 @@ def worker(steps: int, warmup: int, threads: int) -> None:
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
     seconds = (time.perf_counter() - t0) / steps
-    h = hashlib.sha256()
-    for name, p in sorted(model.state_dict().items()):
-        h.update(name.encode() + p.detach().numpy().tobytes())
-    print(json.dumps({"rank": rank, "seconds": seconds, "hash": h.hexdigest()[:16], "threads": torch.get_num_threads()}),
+    print(json.dumps({"rank": rank, "seconds": seconds, "hash": M.weights_fingerprint(model), "threads": torch.get_num_threads()}),
           flush=True)
     if world > 1:
         dist.destroy_process_group()

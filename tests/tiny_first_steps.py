@@ -1,12 +1,12 @@
 """The tiny build's first N pretraining steps on T threads, in a process of its own pinned as a
 tiny-mode job is (the config's ``cpu_matmul`` and ``cpu_kernel_path``, set before torch starts, as
-the Snakefile sets them), without dev checks: prints the weights' hash, the last loss, the threads
-and the kernel path as one JSON line. tests/test_workflow.py compares one thread with two.
+the Snakefile sets them), without dev checks: prints the weights' fingerprint (as the build report
+records it after its first steps), the last loss, the threads and the kernel path as one JSON line.
+tests/test_workflow.py compares two threads with the digest's build and one thread with two.
 
     python tests/tiny_first_steps.py STEPS THREADS
 """
 
-import hashlib
 import json
 import sys
 import types
@@ -37,8 +37,5 @@ set_threads(threads)
 tokenizer = E.tiny_tokenizer(cfg)
 model = M.build_model(cfg, tokenizer)
 result = M.pretrain(model, tokenizer, cfg, log_every=10**9)
-h = hashlib.sha256()
-for name, p in sorted(model.state_dict().items()):
-    h.update(name.encode() + p.detach().float().numpy().tobytes())
-print(json.dumps({"steps": len(result.losses), "loss": result.losses[-1], "hash": h.hexdigest()[:16],
+print(json.dumps({"steps": len(result.losses), "loss": result.losses[-1], "hash": M.weights_fingerprint(model),
                   "threads": torch.get_num_threads(), "capability": torch.backends.cpu.get_cpu_capability()}))

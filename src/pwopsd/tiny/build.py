@@ -10,7 +10,7 @@ from pwopsd.io import atomic_path, write_json
 from pwopsd.keys import folder_content_sha256
 from pwopsd.runtime import kernel_path_provenance, versions
 from pwopsd.tiny.examples import TinyBuildConfig, tiny_tokenizer
-from pwopsd.tiny.model import TinyModelCheckError, build_model, not_ready_message, pretrain
+from pwopsd.tiny.model import FINGERPRINT_STEPS, TinyModelCheckError, build_model, not_ready_message, pretrain
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,10 @@ def build_tiny_model(*, name: str, settings: dict, model_dir: str, manifest_path
         "dev_checks": result.checks,
         "dev_accuracy": result.dev_accuracy,
         "teacher_gap": result.dev_accuracy["teacher"]["mean"] - result.dev_accuracy["student"]["mean"] if result.dev_accuracy else None,
+        # The weights after the first steps (pwopsd.tiny.model.weights_fingerprint) as an integer, so
+        # that the digest, which keeps numbers only, holds it: a new host's first check.
+        "first_steps": {"steps": FINGERPRINT_STEPS,
+                        "fingerprint": int(result.first_steps, 16) if result.first_steps else None},
         "seconds_total": round(t_total, 1),
         "versions": versions(),
         **kernel_path_provenance(),  # cpu_capability (torch's path), pinned_kernel_path, mkl_cbwr

@@ -16,6 +16,7 @@ change.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
@@ -109,14 +110,30 @@ def is_check_step(step: int, cfg: TinyBuildConfig) -> bool:
     return step >= cfg.check_from and (step - cfg.check_from) % cfg.check_every == 0
 
 
+# The build's weights are fingerprinted after this many steps (the build report's ``first_steps``):
+# the digest then holds what a host's first pretraining steps must give, which a one-minute test
+# compares long before the tiny run ends (tests/test_workflow.py).
+FINGERPRINT_STEPS = 20
+
+
+def weights_fingerprint(model) -> str:
+    """The first 16 hex digits of the SHA-256 of the model's weights (sorted by name, float32 bytes)."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode() + p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 @dataclass
 class Pretraining:
-    """What :func:`pretrain` did: per-step losses, the dev checks it ran and the full dev
-    accuracy of the model it stopped with (``None`` when it never got there)."""
+    """What :func:`pretrain` did: per-step losses, the dev checks it ran, the full dev accuracy of
+    the model it stopped with (``None`` when it never got there) and the weights' fingerprint after
+    :data:`FINGERPRINT_STEPS` steps (``None`` when it stopped before)."""
 
     losses: list[float]
     checks: list[dict]
     dev_accuracy: dict | None
+    first_steps: str | None = None
 
     @property
     def steps(self) -> int:
@@ -166,7 +183,7 @@ def pretrain(model, tokenizer, cfg: TinyBuildConfig, log_every: int = 50) -> Pre
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     opt = pretraining_optimizer(model, cfg)
-    losses, checks = [], []
+    losses, checks, first_steps = [], [], None
     t0 = time.time()
     for step in range(cfg.max_steps):
         model.train()
@@ -179,6 +196,8 @@ def pretrain(model, tokenizer, cfg: TinyBuildConfig, log_every: int = 50) -> Pre
         opt.step()
         losses.append(loss)
         done = step + 1
+        if done == FINGERPRINT_STEPS:
+            first_steps = weights_fingerprint(model)
         if done % log_every == 0 or step == 0:
             log.info("pretrain step %d (of at most %d) loss %.4f lr %.2e (%.1fs)", done, cfg.max_steps, loss,
                      lr_at(step, cfg), time.time() - t0)
@@ -193,9 +212,9 @@ def pretrain(model, tokenizer, cfg: TinyBuildConfig, log_every: int = 50) -> Pre
         log.info("dev check at step %d: quick %s%s", done, _means(quick),
                  f", full {_means(full)}{'' if passed else ' (outside the targets: training on)'}" if full else "")
         if passed:
-            return Pretraining(losses, checks, full)
+            return Pretraining(losses, checks, full, first_steps)
     model.eval()
-    return Pretraining(losses, checks, None)
+    return Pretraining(losses, checks, None, first_steps)
 
 
 def _means(acc: dict) -> dict[str, float]:
