@@ -2,7 +2,7 @@
 tiny-mode job is (the config's ``cpu_matmul`` and ``cpu_kernel_path``, set before torch starts, as
 the Snakefile sets them), without dev checks: prints the weights' fingerprint (as the build report
 records it after its first steps), the last loss, the threads and the kernel path as one JSON line.
-tests/test_workflow.py compares two threads with the digest's build and one thread with two.
+tests/test_first_steps.py compares two threads with the digest's build and one thread with two.
 
     python tests/tiny_first_steps.py STEPS THREADS
 """
