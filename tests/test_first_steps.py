@@ -35,7 +35,7 @@ def _tiny_first_steps(threads: int) -> dict:
 def test_the_tiny_builds_first_steps_give_the_digests_weights():
     """The build's first 20 pretraining steps on its two threads give the weights whose fingerprint
     the digest's build report holds (``first_steps``): the digits of tiny/digest.json start there.
-    In a minute, long before the tiny run ends, a host whose numerics differ from the digest's host
+    In about 10 s, long before the tiny run ends, a host whose numerics differ from the digest's host
     fails here, and the message names both platforms; a code change that moves the build fails here
     too, and updates the digest."""
     from pwopsd.report.digest import platform_lines, read_digest
