@@ -111,7 +111,7 @@ def is_check_step(step: int, cfg: TinyBuildConfig) -> bool:
 
 
 # The build's weights are fingerprinted after this many steps (the build report's ``first_steps``):
-# the digest then holds what a host's first pretraining steps must give, which a one-minute test
+# the digest then holds what a host's first pretraining steps must give, which a 10-second test
 # compares long before the tiny run ends (tests/test_first_steps.py).
 FINGERPRINT_STEPS = 20
 
