@@ -36,6 +36,7 @@ model's tokenizer (:func:`random_family_model`), for the architecture tests.
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import os
@@ -151,7 +152,9 @@ def convert(gguf: Path, out: Path, dtype: str = DTYPE) -> Path:
     kw = {"gguf_file": gguf.name}
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kw)
     config = AutoConfig.from_pretrained(gguf.parent, **kw)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
+    # The config passed in: each reading of the GGUF parses its 49,152-entry vocabulary again
+    # (about 4 CPU-s); the files written are the same bits.
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, config=copy.deepcopy(config), dtype=torch.float32, **kw)
     config.dtype = torch_dtype(dtype)
     model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype))
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
