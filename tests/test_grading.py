@@ -187,6 +187,22 @@ def test_every_grader_is_carried_beside_the_verdicts():
     assert table["avg"] == 0 and table["avg/corrected"] == pytest.approx(100 * 2 / 6) and "avg/reference" not in table
 
 
+def test_an_unformatted_sample_is_unformatted_and_never_graded_as_the_text_nan():
+    """pandas 3 keeps extract_boxed's None as NaN in a string column; graded as its text "nan"
+    (math-verify reads n*a*n) such a sample matched the gold a n^2."""
+    from pwopsd.evaluation.pipeline import grade_generations
+
+    assert grade_answers(["nan"], ["a n^2"]) == [True]  # the trap: the text "nan" is an expression
+    assert grade_answers([float("nan"), pd.NA, None], ["a n^2"] * 3) == [False, False, False]
+    texts = ["\\boxed{a n^2}", "no box", "\\boxed{n^2 a}", "still none"]
+    gens = pd.DataFrame({"problem_id": "p1", "sample_index": range(4), "text": texts})
+    with GraderPool(workers=1, timeout=VERDICT_TIMEOUT, options=patient()) as pool:
+        graded, problems, _ = grade_generations(gens, pd.DataFrame({"id": ["p1"], "answer": ["a n^2"]}), pool)
+    assert graded["grade_status"].tolist() == ["ok", "unformatted", "ok", "unformatted"]
+    assert graded["correct"].tolist() == [True, False, True, False]
+    assert problems.loc[0, "avg"] == pytest.approx(0.5)
+
+
 def test_grade_answers_none_scores_false_and_order_is_kept():
     preds = [None, "2", "\\frac{4}{2}", "3", None]
     golds = ["2", "2", "2", "2", "2"]

@@ -231,3 +231,23 @@ def test_gains_over_base_pair_each_run_with_the_base_model_on_the_mean_of_benchm
     assert gains["good"].low > 0
     problems = learning_problems(gains)
     assert len(problems) == 1 and problems[0].startswith("flat: ") and "not above 0" in problems[0]
+
+
+def test_checkpoints_holding_other_problems_are_not_paired_by_position():
+    """Scores are paired in the order of sorted problem ids: a method and a baseline (or two runs
+    of a method) holding other problems are refused, not paired row by row."""
+    from pwopsd.report.significance import significance_frame
+
+    def summary(checkpoint, scores):
+        return {"model": "q", "checkpoint": checkpoint, "benchmark": "b", "seed_name": "main",
+                "problems": [{"problem_id": k, "avg": v} for k, v in scores.items()]}
+
+    same = [summary("m", {"1": 1.0, "2": 0.0, "3": 1.0}), summary("base", {"1": 0.0, "2": 0.0, "3": 1.0})]
+    row = significance_frame(same, [("q", "m", "base")], ["b"], ["avg"]).iloc[0]
+    assert row["delta"] == pytest.approx(100 / 3)
+    other = [same[0], summary("base", {"1": 0.0, "2": 0.0, "4": 1.0})]
+    with pytest.raises(ValueError, match=r"other problems.*\['3', '4'\]"):
+        significance_frame(other, [("q", "m", "base")], ["b"], ["avg"])
+    runs = [*same, summary("m2", {"1": 1.0, "2": 1.0, "5": 0.0})]
+    with pytest.raises(ValueError, match="other problems"):
+        significance_frame(runs, [("q", "m", "base")], ["b"], ["avg"], runs={"m": ["m", "m2"]})

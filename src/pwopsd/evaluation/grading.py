@@ -288,7 +288,7 @@ class GraderPool:
         for i, pair in enumerate(pairs):
             gold, pred = str(pair[0]), pair[1]
             ref = bool(pair[2]) if len(pair) > 2 else True
-            if pred is None:
+            if unformatted(pred):
                 results[i] = Grade(False, STATUS_UNFORMATTED, 0.0)
                 continue
             unique.setdefault((gold, str(pred), ref, options), []).append(i)
@@ -407,6 +407,15 @@ def grade_answers(predictions: Sequence[str | None], golds: Sequence[str], *, wo
         raise ValueError(f"{len(predictions)} predictions but {len(golds)} golds")
     with GraderPool(workers=workers, timeout=timeout, options=options) as pool:
         return [g.correct for g in pool.grade_pairs(list(zip(golds, predictions)))]
+
+
+def unformatted(pred) -> bool:
+    """Whether an extracted answer is missing: ``None``, or the NaN (or ``pd.NA``) that a pandas 3
+    string column holds where :func:`extract_boxed` gave ``None``; graded as the text "nan", such a
+    sample would be compared with the gold as the expression n*a*n."""
+    if pred is None or type(pred).__name__ == "NAType":
+        return True
+    return isinstance(pred, float) and pred != pred
 
 
 @dataclass(frozen=True)

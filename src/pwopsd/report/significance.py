@@ -271,10 +271,11 @@ def compare_strata(strata: Sequence[tuple], *, level: float = 0.95, scale: float
 METRICS = {"avg": "Avg", "maj": "Maj", "pass": "Pass"}
 
 
-def problem_scores(summaries: Sequence[dict], model: str, checkpoint: str, benchmark: str, metric: str) -> np.ndarray:
-    """``[problems, 1, eval seeds]`` per-problem values of ``metric`` (fractions) for one checkpoint
-    (one training run) on one benchmark, problems ordered by id and seeds by name; every seed must
-    hold the same problems."""
+def problem_table(summaries: Sequence[dict], model: str, checkpoint: str, benchmark: str,
+                  metric: str) -> tuple[list[str], np.ndarray]:
+    """The problem ids (sorted) and the ``[problems, 1, eval seeds]`` per-problem values of
+    ``metric`` (fractions) for one checkpoint (one training run) on one benchmark, seeds ordered by
+    name; every seed must hold the same problems."""
     seeds = sorted((s for s in summaries if (s["model"], s["checkpoint"], s["benchmark"]) == (model, checkpoint, benchmark)),
                    key=lambda s: str(s["seed_name"]))
     if not seeds:
@@ -287,23 +288,49 @@ def problem_scores(summaries: Sequence[dict], model: str, checkpoint: str, bench
         elif sorted(per) != ids:
             raise ValueError(f"{model}/{checkpoint}/{benchmark}: seed {s['seed_name']} holds other problems")
         columns.append([per[i] for i in ids])
-    return np.asarray(columns, dtype=float).T[:, None, :]
+    return ids, np.asarray(columns, dtype=float).T[:, None, :]
+
+
+def problem_scores(summaries: Sequence[dict], model: str, checkpoint: str, benchmark: str, metric: str) -> np.ndarray:
+    """``[problems, 1, eval seeds]``: the values of :func:`problem_table`, problems ordered by id."""
+    return problem_table(summaries, model, checkpoint, benchmark, metric)[1]
+
+
+def _same_problems(model: str, benchmark: str, named: Sequence[tuple[str, list[str]]]) -> None:
+    """Scores are paired by position in the sorted ids: every checkpoint must hold the same problems."""
+    first, ids = named[0]
+    for other, theirs in named[1:]:
+        if theirs != ids:
+            only = sorted(set(ids) ^ set(theirs))
+            raise ValueError(f"{model}/{benchmark}: {other} and {first} hold other problems, so they cannot be "
+                             f"paired by problem (in one only: {only[:5]}{' ...' if len(only) > 5 else ''})")
+
+
+def _run_table(summaries: Sequence[dict], model: str, runs: Sequence[str], benchmark: str,
+               metric: str) -> tuple[list[str], np.ndarray]:
+    tables = [problem_table(summaries, model, run, benchmark, metric) for run in runs]
+    _same_problems(model, benchmark, [(run, ids) for run, (ids, _) in zip(runs, tables)])
+    if len({t.shape for _, t in tables}) != 1:
+        raise ValueError(f"{model}/{benchmark}: the runs {list(runs)} hold other seeds")
+    return tables[0][0], np.concatenate([t for _, t in tables], axis=1)
 
 
 def run_scores(summaries: Sequence[dict], model: str, runs: Sequence[str], benchmark: str, metric: str) -> np.ndarray:
-    """``[problems, runs, eval seeds]``: :func:`problem_scores` of each training run of a method."""
-    parts = [problem_scores(summaries, model, run, benchmark, metric) for run in runs]
-    if len({p.shape for p in parts}) != 1:
-        raise ValueError(f"{model}/{benchmark}: the runs {list(runs)} hold other problems or seeds")
-    return np.concatenate(parts, axis=1)
+    """``[problems, runs, eval seeds]``: :func:`problem_scores` of each training run of a method
+    (every run holding the same problems)."""
+    return _run_table(summaries, model, runs, benchmark, metric)[1]
 
 
 def benchmark_strata(summaries: Sequence[dict], model: str, method_runs: Sequence[str], baseline_runs: Sequence[str],
                      benchmarks: Sequence[str], metric: str) -> list[tuple[np.ndarray, np.ndarray]]:
     """One ``(method, baseline)`` pair of :func:`run_scores` arrays per benchmark: the strata of
     :func:`compare_strata`."""
-    return [(run_scores(summaries, model, method_runs, b, metric), run_scores(summaries, model, baseline_runs, b, metric))
-            for b in benchmarks]
+    strata = []
+    for b in benchmarks:
+        (ids, method), (base_ids, baseline) = (_run_table(summaries, model, r, b, metric) for r in (method_runs, baseline_runs))
+        _same_problems(model, b, [(method_runs[0], ids), (baseline_runs[0], base_ids)])
+        strata.append((method, baseline))
+    return strata
 
 
 def significance_frame(summaries: Sequence[dict], comparisons: Sequence[tuple[str, str, str]], benchmarks: Sequence[str],
