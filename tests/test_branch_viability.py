@@ -199,13 +199,16 @@ def crafted_pool():
                           "position": [10, 90, 5], "spine_length": 100, "children": [[1, 2, 3]] * 3})
     cands["r_tilde"] = (cands["position"] + 0.5) / 100
     right, wrong = "so \\boxed{12}", "so \\boxed{13}"
-    outcomes = {(0, 0): [right] * 5 + [wrong], (0, 1): [right] * 6, (0, 2): [wrong] * 6,   # p0 c0: 5/6, 1, 0 -> diversity
+    # p0 c0's second child is the token that opens the answer: its continuations hold only "{12}."
+    # and are right as the child's text followed by theirs
+    outcomes = {(0, 0): [right] * 5 + [wrong], (0, 1): ["{12}."] * 6, (0, 2): [wrong] * 6,   # p0 c0: 5/6, 1, 0 -> diversity
                 (1, 0): [wrong] * 5 + [right], (1, 1): [wrong] * 6, (1, 2): ["no box"] * 6}  # p0 c1: all < 0.4 -> real-uncertain
-    rows = [{"dataset": "a", "problem_id": "p0", "candidate": c, "child_rank": j, "child_id": j, "sample_index": k, "text": t}
+    rows = [{"dataset": "a", "problem_id": "p0", "candidate": c, "child_rank": j, "child_id": j, "sample_index": k, "text": t,
+             "child_text": "\\boxed" if (c, j) == (0, 1) else " "}
             for (c, j), texts in outcomes.items() for k, t in enumerate(texts)]
     # p1: answer 1/2, children 0.5 ("0.5" is equivalent), 0.5, 0.5 -> gray (not >= 0.75 twice, mean not < 0.4)
     rows += [{"dataset": "a", "problem_id": "p1", "candidate": 0, "child_rank": j, "child_id": j, "sample_index": k,
-              "text": "\\boxed{0.5}" if k % 2 else "\\boxed{2}"} for j in range(3) for k in range(6)]
+              "text": "\\boxed{0.5}" if k % 2 else "\\boxed{2}", "child_text": " "} for j in range(3) for k in range(6)]
     return spines, cands, pd.DataFrame(rows)
 
 
@@ -217,6 +220,8 @@ def test_labels_from_graded_continuations(settings):
     assert labels["viabilities"].iloc[0] == pytest.approx([5 / 6, 1.0, 0.0])
     assert labels["viabilities"].iloc[2] == pytest.approx([0.5, 0.5, 0.5])
     assert list(labels["n_continuations"]) == [18, 18, 18]
+    with pytest.raises(ValueError, match="child_text"):  # a table made before the child's text was kept
+        bv.label_candidates(cands, cont.drop(columns="child_text"), spines, settings, grade=grade)
 
 
 def summary_for(labels, correct=(True,) * 4, kappa=None, orientation="raw"):
@@ -260,6 +265,19 @@ def test_summary_matches_the_statistics_functions():
     # log kappa: log max(kappa, 1e-6), so negative raw kappas share the floor.
     assert scored["log_kappa"].iloc[0] == pytest.approx(np.log(1e-6)) and scored["log_kappa"].iloc[4] == pytest.approx(np.log(2))
     np.testing.assert_allclose(scored["early_position"], 1 - scored["r_tilde"])
+
+
+def test_an_infinite_dropout_precision_is_missing_not_ranked():
+    """Identical MC-dropout samples give kappa = inf (no spread); centred, inf - inf is NaN, which
+    would sort as the top score: the log kappa row is n/a with its missing count, the others stand."""
+    R, D = stats.REAL_UNCERTAIN, stats.DIVERSITY
+    assert stats.mc_dropout_scores(np.tile([0.6, 0.4], (5, 1)))["kappa"] == np.inf
+    kappa = np.arange(8) - 2.0
+    kappa[3] = np.inf
+    _, summary = summary_for([R, D, D, R, R, D, D, R], kappa=kappa)
+    rows = {r["score"]: r for r in summary["scores"]}
+    assert rows["log_kappa"]["n_missing"] == 1 and rows["log_kappa"]["auroc"] is None
+    assert all(r["auroc"] is not None and r["n_missing"] == 0 for k, r in rows.items() if k != "log_kappa")
 
 
 @pytest.mark.parametrize("labels,correct,status", [

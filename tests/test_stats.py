@@ -59,6 +59,22 @@ def test_residualization_centres_each_problem():
     assert auroc(shifted, labels) != auroc(scores, labels)
 
 
+def test_equal_residuals_of_two_problems_tie():
+    """Positions 0.1, 0.3 and 0.5, 0.7 centre to -0.1, +0.1 in both problems, exactly; computed in
+    floating point they part in the last bit, and a pair of them must still count as a tie (0.5)."""
+    r_tilde = np.array([0.1, 0.3, 0.5, 0.7])
+    labels, groups = [1, 0, 0, 1], [0, 0, 1, 1]
+    exact = [-0.1, 0.1, -0.1, 0.1]  # the centred 1 - r_tilde, as exact decimals
+    assert residualized_auroc(1 - r_tilde, labels, groups) == brute_auroc([-x for x in exact], labels) == 0.5
+    rng = np.random.default_rng(0)  # positions on a grid, problems of other offsets: many exact ties
+    for _ in range(20):
+        groups = np.repeat(np.arange(6), 4)
+        r = (rng.integers(0, 8, size=24) + 0.5) / 8 + np.repeat(rng.integers(0, 3, size=6) / 10, 4)
+        labels = rng.random(24) < 0.4
+        centred = [round(x - r[groups == g].mean(), 9) for x, g in zip(r, groups)]
+        assert residualized_auroc(r, labels, groups) == pytest.approx(brute_auroc(centred, labels), abs=1e-12)
+
+
 def _synthetic(n_problems=60, per=6, effect=1.0, seed=1):
     rng = np.random.default_rng(seed)
     scores, labels, groups = [], [], []

@@ -27,14 +27,17 @@ def main(snakemake):
                                            backend_options=options, code="pwopsd.diagnostic.phases",
                                            max_model_len=s["forced_continuation"]["max_model_len"]),
            "requests": requests, "keys": keys}
+    tokenizer = load_tokenizer(manifest)
     t0 = time.time()
     # On a notice signal the shard in progress is saved and the job exits 75 (resumable) before the next.
     with exit_on_notice(console=True), one_writer(out, f"forced_continuation {snakemake.wildcards.model}"), \
             Notice() as notice, \
             make_backend(snakemake.params.backend, manifest, dtype=s["dtype"],
                          max_model_len=s["forced_continuation"]["max_model_len"], options=options,
-                         tokenizer=load_tokenizer(manifest)) as backend:
+                         tokenizer=tokenizer) as backend:
         table = generate_resumable(backend, requests, keys, partial=partial_dir(out, key), notice=notice)
+    # the forced child's text: the labels read a continuation's answer from the child on
+    table["child_text"] = [tokenizer.decode([int(c)]) for c in table.get("child_id", [])]
     write_parquet(table, out, metadata=provenance(manifest, phase="E", settings=s, backend=backend.versions(),
                                                   seconds=round(time.time() - t0, 3)))
     clear_partial(out)

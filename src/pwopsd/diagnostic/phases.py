@@ -373,11 +373,17 @@ def label_candidate(viabilities: Sequence[float], *, v_high: float = 0.75, v_low
 def label_candidates(candidates: pd.DataFrame, continuations: pd.DataFrame, spines: pd.DataFrame, settings: dict, *,
                      grade) -> pd.DataFrame:
     """Child viability = fraction of its continuations whose boxed answer is correct; the
-    candidate's label from its children's viabilities (:func:`label_candidate`)."""
+    candidate's label from its children's viabilities (:func:`label_candidate`). A continuation's
+    answer is read from the forced child's text followed by the continuation (``child_text`` +
+    ``text``): a child that opens the answer (``\\boxed``, or its first piece) leaves the
+    continuation's own text without it."""
     lab = settings["labels"]
     gold = spines.set_index(PROBLEM_KEY)["answer"]
+    if len(continuations) and "child_text" not in continuations:
+        raise ValueError("the forced continuations have no child_text column (made by an older version): "
+                         "run the forced_continuation rule again")
     cont = continuations.copy()
-    cont["extracted"] = [extract_boxed(t) for t in cont["text"]]
+    cont["extracted"] = [extract_boxed(c + t) for c, t in zip(cont.get("child_text", []), cont["text"])]
     golds = [gold.loc[(d, p)] for d, p in zip(cont["dataset"], cont["problem_id"])]
     cont["correct"] = grade(list(cont["extracted"]), golds) if len(cont) else []
     per_child = (cont.groupby([*CANDIDATE_KEY, "child_rank"], sort=True)["correct"]

@@ -52,6 +52,12 @@ def diagnostic_pool(scored: pd.DataFrame, scores: dict) -> pd.DataFrame:
     return scored[scored["spine_correct"]] if scores["correct_spines_only"] else scored
 
 
+def n_missing(values: pd.Series) -> int:
+    """Candidates without a usable score: missing, or not finite (an MC-dropout precision of inf
+    where the M distributions are identical, whose centring would give NaN and -inf)."""
+    return int((~np.isfinite(pd.to_numeric(values, errors="coerce").to_numpy(dtype=float))).sum())
+
+
 def branch_auroc_summary(scored: pd.DataFrame, spines: pd.DataFrame, settings: dict) -> dict[str, Any]:
     """Table 1's numbers: per score the within-problem residualized AUROC (real-uncertain = positive),
     its cluster-bootstrap interval, the AUPRC of the residualized score, and the pool's counts.
@@ -100,7 +106,7 @@ def branch_auroc_summary(scored: pd.DataFrame, spines: pd.DataFrame, settings: d
     for column, label in SCORES.items():
         label = label.replace("<top_m>", str(settings["teacher_pass"]["top_m"]))
         entry: dict[str, Any] = {"score": column, "label": label, "auroc": None, "ci_low": None, "ci_high": None,
-                                 "auprc": None, "n_missing": int(binary[column].isna().sum()) if column in binary else len(binary)}
+                                 "auprc": None, "n_missing": n_missing(binary[column]) if column in binary else len(binary)}
         for o in stats.ORIENTATIONS:
             entry.update({f"auroc_{o}": None, f"ci_low_{o}": None, f"ci_high_{o}": None})
         if status == "ok" and entry["n_missing"] == 0:

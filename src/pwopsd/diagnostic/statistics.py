@@ -69,15 +69,22 @@ def auprc(scores: Sequence[float], labels: Sequence[int]) -> float:
     return float(ap)
 
 
+# Residuals are rounded to this many decimals: a mean computed in floating point leaves equal
+# centred scores of two problems (e.g. positions 0.1, 0.3 and 0.5, 0.7) a last bit apart, and
+# Mann-Whitney's mid-ranks would count such a pair as won or lost instead of tied.
+RESIDUAL_DECIMALS = 12
+
+
 def residualize(scores: Sequence[float], groups: Sequence) -> np.ndarray:
-    """Subtract each group's mean score (within-problem mean-centering)."""
+    """Subtract each group's mean score (within-problem mean-centering), rounded to
+    :data:`RESIDUAL_DECIMALS` decimals so that equal residuals tie."""
     s = np.asarray(scores, dtype=float)
     g = np.asarray(groups)
     out = np.empty_like(s)
     for key in np.unique(g):
         idx = g == key
         out[idx] = s[idx] - s[idx].mean()
-    return out
+    return np.round(out, RESIDUAL_DECIMALS) + 0.0  # + 0.0: no negative zero
 
 
 def residualized_auroc(scores: Sequence[float], labels: Sequence[int], groups: Sequence) -> float:
