@@ -3,6 +3,8 @@ adapter of pwopsd.training.job): checkpoint names, the sweep's numbers against t
 tables' and hand-computed ranks, the sign check of published differences, the adapter of a swept
 step found by content, and the config checks."""
 
+import shutil
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -99,6 +101,13 @@ def test_the_adapter_of_a_swept_step_comes_from_the_runs_own_checkpoint_folder(t
     _save(root / "ccc", 16, b"step16-new")  # the same run trained further (another stop_at: another run key)
     _save(root / "ccc", 24, b"step24-new")
     assert export_step(root, exported, 16, 24, tmp_path / "out24") == root / "ccc" / "step-000024"
+    # a run that parts from it only after step 16 (REOPOLD's t_switch, say): which was exported cannot be told
+    _save(root / "ddd", 16, b"step16-new")
+    _save(root / "ddd", 24, b"step24-other")
+    with pytest.raises(FileNotFoundError, match="cannot be told"):
+        export_step(root, exported, 16, 24, tmp_path / "out24b")
+    assert not (tmp_path / "out24b").exists()
+    shutil.rmtree(root / "ddd")
     (exported / "adapter_model.safetensors").write_bytes(b"trained again")
     with pytest.raises(FileNotFoundError, match="rerun its training"):
         export_step(root, exported, 16, 8, tmp_path / "out2")

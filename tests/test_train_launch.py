@@ -75,6 +75,9 @@ def test_two_processes_equal_one_process_with_the_same_micro_batches(base):
     assert [x["step"] for x in log_two] == [1, 2, 3, 4]  # rank 0 alone writes the step log
     for x, y in zip(log_one, log_two):
         assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4)
+        # the step's values over both ranks' micro-batches, not rank 0's half of them
+        for key in ("loss", "kl", "student_entropy", "teacher_entropy", "rollout_length", "rollout_accuracy"):
+            assert (key in x) == (key in y) and x.get(key) == pytest.approx(y.get(key), rel=1e-4, abs=1e-8), key
     rule_log = (base / "two" / "rule.log").read_text()
     assert "rank0" in rule_log and "rank1" in rule_log and "step 4/4" in rule_log  # both ranks log into the rule's log
     ckpts = sorted(p.name for p in (base / "two" / "work").iterdir())

@@ -596,3 +596,17 @@ def test_resume_keeps_one_line_per_step_of_a_log_two_copies_wrote(tmp_path, mode
                                                                        weights_only=False)["rng_ranks"] * 2)
     other.resume()
     assert log_path.read_text() == "\n".join(written)
+
+
+def test_a_rollout_that_would_not_fit_the_engines_context_stops_the_run_naming_the_setting():
+    """vLLM ends a sequence that reaches max_model_len with finish reason "length": a context too
+    short for the longest prompt plus max_completion_length would train on shorter rollouts, exit 0."""
+    from pwopsd.training.loop import RolloutContextError, check_rollout_room
+
+    check_rollout_room([93, 40], 1024, 1117, step=3)  # fits exactly
+    check_rollout_room([5000], 1024, None, step=3)  # the hf backend: no engine context
+    with pytest.raises(RolloutContextError) as info:
+        check_rollout_room([93, 40], 1024, 1100, step=3)
+    line = str(info.value)
+    assert "\n" not in line and "step 3" in line and "93 tokens" in line and "training.rollout_max_model_len=1100" in line
+    assert "at least 1117" in line

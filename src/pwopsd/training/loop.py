@@ -105,6 +105,43 @@ class RolloutEngineError(RuntimeError):
     first line and the checkpoint a rerun resumes from (the cause's traceback is in the log)."""
 
 
+class RolloutContextError(ValueError):
+    """A rollout would not fit the rollout engine's context: the engine would end it early (finish
+    reason "length") and the run would train on shorter rollouts than configured, exit 0."""
+
+
+def check_rollout_room(prompt_lengths: list[int], max_completion_length: int, max_model_len: int | None, step: int) -> None:
+    """Raise :class:`RolloutContextError` when the longest prompt plus ``max_completion_length``
+    exceeds the engine's ``max_model_len`` (``None``: no limit, the ``hf`` backend). Checked on
+    every step's prompts, so ``training.rollout_max_model_len`` can stay out of the run key: a run
+    that passed it sampled every rollout in full."""
+    if not max_model_len or not prompt_lengths:
+        return
+    longest = max(prompt_lengths)
+    if longest + max_completion_length > max_model_len:
+        raise RolloutContextError(
+            f"step {step}: a student prompt of {longest} tokens plus training.max_completion_length={max_completion_length} "
+            f"exceeds the rollout engine's context, training.rollout_max_model_len={max_model_len}: its rollouts would "
+            f"be cut short; raise training.rollout_max_model_len to at least {longest + max_completion_length} "
+            f"(or leave it null)")
+
+
+# Values of a step that each rank computes over its own micro-batches and rollouts (every rank has
+# as many): the step's value is their mean over the ranks.
+RANK_STATS = ("loss", "kl", "student_entropy", "teacher_entropy", "rollout_length", "rollout_accuracy")
+
+
+def mean_over_ranks(values: dict[str, float], device) -> dict[str, float]:
+    """Each value's mean over the processes of the run (one all-reduce)."""
+    import torch.distributed as dist
+
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    t /= dist.get_world_size()
+    return dict(zip(keys, t.tolist()))
+
+
 def latest_checkpoint(work_dir: Path) -> Path | None:
     done = sorted(p for p in work_dir.glob("step-*") if (p / "trainer_state.pt").exists())
     return done[-1] if done else None
@@ -283,6 +320,9 @@ class Trainer:
         reqs = [GenerationRequest(tuple(self.student_ids[i]), n=1, seed=rollout_seed(self.cfg.seed, step, i),
                                   temperature=self.cfg.temperature, top_p=self.cfg.rollout_top_p, top_k=self.cfg.rollout_top_k,
                                   max_new_tokens=self.cfg.max_completion_length) for i in idx]
+        if self.cfg.rollout_backend != "hf":
+            check_rollout_room([len(r.prompt_ids) for r in reqs], self.cfg.max_completion_length,
+                               (self.cfg.rollout_engine or {}).get("max_model_len"), step)
         try:
             self.sync_seconds = self.rollout_engine.sync(self.model, step)
             return [o[0].token_ids for o in self.rollout_engine.generate(reqs)]
@@ -343,6 +383,8 @@ class Trainer:
         if self.answer_check is not None:
             texts = [self.tok.decode(c, skip_special_tokens=True) for c in completions]
             stats["rollout_accuracy"] = float(np.mean(self.answer_check(texts, [self.examples[i].answer for i in idx])))
+        if self.world > 1:  # the step's values, not rank 0's share of its micro-batches (rank 0 writes the log)
+            stats.update(mean_over_ranks({k: stats[k] for k in RANK_STATS if k in stats}, self.device))
         return stats
 
     def train(self, *, stop_after: int | None = None) -> list[dict]:
