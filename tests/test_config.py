@@ -80,6 +80,8 @@ MISTAKES = [
     ("diagnostic labels", ["diagnostic", "labels", "v_low"], 0.9, False, "diagnostic.labels.v_low", "must not exceed"),
     ("diagnostic unknown key", ["diagnostic", "candidates", "spaceing"], 64, False, "diagnostic.candidates.spaceing", "unknown key"),
     ("diagnostic schedule", ["diagnostic", "figure", "schedule"], "pwopsd_gentle", False, "diagnostic.figure.schedule", "not a configured method"),
+    ("figure schedule of another loss", ["diagnostic", "figure", "schedule"], "opsd", False, "diagnostic.figure.schedule", "must be a pwopsd method"),
+    ("figure schedule fitted", ["diagnostic", "figure", "schedule"], "pwopsd_fitted", False, "diagnostic.figure.schedule", "must be a pwopsd method"),
     ("w_min above 1", ["methods", "pwopsd_moderate", "params", "w_min"], 1.5, False, "methods.pwopsd_moderate.params.w_min", "maximum"),
     ("tau above 1", ["methods", "pwopsd_moderate", "params", "tau"], 2, False, "methods.pwopsd_moderate.params.tau", "maximum"),
     ("s zero", ["methods", "pwopsd_moderate", "params", "s"], 0, False, "methods.pwopsd_moderate.params.s", "minimum"),
@@ -118,6 +120,26 @@ def test_mistake_is_rejected_naming_the_key(paper, desc, path, value, delete, ke
     msg = str(info.value)
     assert key in msg, msg
     assert words in msg, msg
+
+
+def test_min_p_with_the_hf_backend_is_rejected(paper):
+    """The hf sampler has no min-p filter: the value would be recorded in the generations, not applied."""
+    bad = copy.deepcopy(paper)
+    bad["evaluation"].update(backend="hf", min_p=0.05)
+    with pytest.raises(ConfigError, match=r"evaluation.min_p: 0.05 with evaluation.backend: hf"):
+        validate_config(bad)
+    bad["evaluation"]["min_p"] = 0.0
+    validate_config(bad)
+
+
+def test_a_model_trained_for_a_table_has_its_batch_checked_too(paper):
+    """training.models names what train_all trains; a table's rows train their models as well, and
+    each must make training.effective_batch."""
+    bad = copy.deepcopy(paper)
+    bad["training"]["models"] = ["qwen3_4b"]
+    bad["models"]["dsr1_llama_8b"]["train"]["gradient_accumulation_steps"] *= 2  # Table 4 trains it
+    with pytest.raises(ConfigError, match=r"models.dsr1_llama_8b.train: .* but training.effective_batch is 32"):
+        validate_config(bad)
 
 
 def test_all_problems_reported_at_once(paper):

@@ -66,6 +66,22 @@ def test_figure_and_table_params(paper):
                                                "graders": ["corrected", "reference"]}
 
 
+def test_the_number_of_training_processes_is_a_param_of_the_train_rule(paper, tmp_path, monkeypatch):
+    """Each training process takes its share of a step's problems, so gpus.train is part of what a
+    run is: a param (which Snakemake compares when it decides what to rerun), not only the job's GPU
+    resource (which it does not)."""
+    from pwopsd.standalone import mock_snakemake
+
+    assert settings.training_processes(paper, W(model="qwen3_4b")) == 4
+    tiny = load_config(REPO / "tiny" / "config" / "config.yaml")
+    assert settings.training_processes(tiny, W(model="tiny_qwen3")) == 1  # gpus.train 0: one CPU process
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text((REPO / "config" / "config.yaml").read_text())
+    monkeypatch.chdir(tmp_path)  # mock_snakemake works in the run's folder, as snakemake --directory
+    job = mock_snakemake("train", tmp_path, model="qwen3_4b", method="opsd")
+    assert job.params.processes == 4 == job.resources.gpu
+
+
 def test_execution_settings_are_not_params(paper):
     ex = settings.execution_settings(paper, "qwen3_4b")
     assert set(ex) == {"hub", "backend_options"} and "tensor_parallel_size" in ex["backend_options"]

@@ -120,6 +120,13 @@ def training_run(cfg: dict, wc) -> dict:
     return C.training_config(cfg, wc.model, wc.method)
 
 
+def training_processes(cfg: dict, wc) -> int:
+    """The training processes of a run (one per GPU of ``gpus.train``, at least one): each takes
+    its share of a step's problems, so their number is part of what a run is (a param, not only
+    the job's GPU resource, which Snakemake does not compare when it decides what to rerun)."""
+    return max(1, gpus(cfg, wc, "train"))
+
+
 def training_threads(cfg: dict, wc=None) -> int:
     return int(cfg["training"]["threads"])
 

@@ -14,6 +14,7 @@ rule train:
         log="results/training/{model}/{method}/train_log.jsonl",
     params:
         train=config_param(settings.training_run),
+        processes=config_param(settings.training_processes),
         eval_step=config_param(settings.eval_step),
         dtype=config_param(settings.dtype),
         chat_template=config_param(settings.chat_template),

