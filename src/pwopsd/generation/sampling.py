@@ -247,6 +247,9 @@ def make_backend(name: str, manifest: dict, *, dtype: str, max_model_len: int | 
 
     options = options or {}
     if name == "hf":
+        if min_p:  # the hf sampler has temperature, top-k and top-p only: min_p would be recorded, not applied
+            raise ValueError(f"min_p={min_p}: the hf backend samples without a min-p filter; set evaluation.min_p: 0 "
+                             "or evaluation.backend: vllm")
         model = load_model(manifest, device=default_device(), dtype=dtype)
         return get_backend("hf", model=model, tokenizer=tokenizer, batch_size=options.get("hf_batch_size", 64), progress=progress)
     return get_backend(

@@ -348,7 +348,10 @@ class VLLMBackend:
         if not self._ranks:
             groups = ([self.engine_devices] if self.engine_devices is not None
                       else gpu_groups(self.data_parallel_size, self.engine_kwargs["tensor_parallel_size"]))
-            self._ranks = [_EngineProcess(rank, self.engine_kwargs, self.min_p, gpus) for rank, gpus in enumerate(groups)]
+            # each rank's engine its own seed (engine seed + rank, as the reference seeds its rollout
+            # engines by rank): unseeded requests (evaluation seed "main") of two ranks draw apart
+            self._ranks = [_EngineProcess(rank, {**self.engine_kwargs, "seed": self.engine_kwargs["seed"] + rank}, self.min_p, gpus)
+                           for rank, gpus in enumerate(groups)]
             # Engine processes are not daemons (vLLM's tensor-parallel workers are their children), so
             # they are stopped explicitly: by close(), or at interpreter exit.
             self._finalizer = weakref.finalize(self, _stop_all, list(self._ranks))
