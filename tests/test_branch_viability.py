@@ -278,6 +278,9 @@ def test_an_infinite_dropout_precision_is_missing_not_ranked():
     rows = {r["score"]: r for r in summary["scores"]}
     assert rows["log_kappa"]["n_missing"] == 1 and rows["log_kappa"]["auroc"] is None
     assert all(r["auroc"] is not None and r["n_missing"] == 0 for k, r in rows.items() if k != "log_kappa")
+    from pwopsd.report.tables import branch_auroc_table
+
+    assert "n/a (1 missing) & n/a" in branch_auroc_table(summary, model_label="Toy")  # the row says why
 
 
 @pytest.mark.parametrize("labels,correct,status", [

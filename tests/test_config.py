@@ -81,6 +81,8 @@ MISTAKES = [
     ("diagnostic unknown key", ["diagnostic", "candidates", "spaceing"], 64, False, "diagnostic.candidates.spaceing", "unknown key"),
     ("diagnostic schedule", ["diagnostic", "figure", "schedule"], "pwopsd_gentle", False, "diagnostic.figure.schedule", "not a configured method"),
     ("figure schedule of another loss", ["diagnostic", "figure", "schedule"], "opsd", False, "diagnostic.figure.schedule", "must be a pwopsd method"),
+    ("benchmark named mean", ["benchmarks", "mean"], {"source": {"kind": "tiny", "n": 4, "levels": [1], "seed": 1}}, False, "benchmarks.mean", "mean column"),
+    ("method twice in a table", ["tables", "main", "methods"], ["opsd", "eopd", "opsd"], False, "tables.main.methods", "listed more than once"),
     ("figure schedule fitted", ["diagnostic", "figure", "schedule"], "pwopsd_fitted", False, "diagnostic.figure.schedule", "must be a pwopsd method"),
     ("w_min above 1", ["methods", "pwopsd_moderate", "params", "w_min"], 1.5, False, "methods.pwopsd_moderate.params.w_min", "maximum"),
     ("tau above 1", ["methods", "pwopsd_moderate", "params", "tau"], 2, False, "methods.pwopsd_moderate.params.tau", "maximum"),

@@ -114,10 +114,21 @@ def _semantic_problems(cfg: dict) -> list[str]:
                     f"but training.effective_batch is {tr['effective_batch']}")
     methods = cfg.get("methods", {})
     tables = cfg.get("tables", {})
+    if "mean" in cfg.get("benchmarks", {}):
+        problems.append("benchmarks.mean: the name of the tables' mean column (the equal-weight mean of the "
+                        "benchmarks); give the benchmark another name")
     for key in ("main", "schedules", "cross_model", "baselines"):
         for i, meth in enumerate(tables.get(key, {}).get("methods", [])):
             if meth not in methods:
                 problems.append(f"tables.{key}.methods.{i}: {meth!r} is not a configured method")
+    # a row twice would hand its metrics to the table twice: the std of every such row shrinks
+    for where, names in [*((f"tables.{k}.methods", tables.get(k, {}).get("methods", []))
+                           for k in ("main", "schedules", "cross_model", "baselines")),
+                         ("tables.cross_model.models", tables.get("cross_model", {}).get("models") or []),
+                         ("tables.ablation.cells", [c["method"] for c in tables.get("ablation", {}).get("cells", [])])]:
+        twice = sorted({n for n in names if list(names).count(n) > 1})
+        if twice:
+            problems.append(f"{where}: {', '.join(map(repr, twice))} listed more than once")
     for i, c in enumerate(tables.get("ablation", {}).get("cells", [])):
         if c["method"] not in methods:
             problems.append(f"tables.ablation.cells.{i}.method: {c['method']!r} is not a configured method")

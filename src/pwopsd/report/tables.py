@@ -197,7 +197,9 @@ def branch_auroc_table(summary: dict, *, model_label: str) -> str:
     body = [f"score (residualized within problem) & residual AUROC & {level}\\% CI\\\\", "\\midrule"]
     for row, bold in zip(summary["scores"], flags):
         if row["auroc"] is None:
-            body.append(f"{row['label']} & n/a & n/a\\\\")
+            # within a computable pool, a score missing or not finite at some candidates (n_missing)
+            missing = f" ({row['n_missing']} missing)" if ok and row.get("n_missing") else ""
+            body.append(f"{row['label']} & n/a{missing} & n/a\\\\")
             continue
         ci = "n/a" if row["ci_low"] is None else f"[{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
         a = f"{row['auroc']:.2f}"
