@@ -54,6 +54,23 @@ def test_a_job_that_asked_for_gpus_and_finds_no_cuda_stops_naming_driver_and_bui
                                                  rule="generate"))
 
 
+def test_the_cuda_check_asks_nvml_so_that_a_vllm_engine_built_next_can_fork(monkeypatch):
+    """torch's own availability check (cudaGetDeviceCount) poisons fork without initialising CUDA:
+    vLLM, built next in the job's process, would still fork its engine core and TP workers, which
+    then cannot use CUDA. The check sets PYTORCH_NVML_BASED_CUDA_CHECK, which torch reads at each
+    call (torch.cuda.is_available's docstring), before it asks. (What a GPU node then does is
+    tools/gpu_check.py's to see: this CPU build of torch has no CUDA to poison.)"""
+    import torch
+
+    assert "PYTORCH_NVML_BASED_CUDA_CHECK=1" in torch.cuda.is_available.__doc__  # this torch's switch
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    seen = []  # the variable as the check finds it
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: seen.append(os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")))
+    with pytest.raises(accelerator.NoCudaError):
+        accelerator.require_cuda(4, "rule generate")
+    assert seen == ["1"]
+
+
 def test_every_gpu_rules_script_checks_for_cuda_before_its_work():
     """Each script of a rule that asks for GPUs calls the check right after its threads are set."""
     import re

@@ -492,7 +492,13 @@ def test_the_cuda_generator_of_the_models_device_is_saved_and_restored(tmp_path,
     assert torch.load(ckpt / "trainer_state.pt", weights_only=False)["rng_ranks"][0]["cuda"].tolist() == [7, 1, 3]
     resumed = _trainer(model_factory, tiny_tokenizer, tmp_path)
     resumed.device = gpu
+    real_load, loads = torch.load, []
+    # saved by rank 0 from cuda:0: loaded onto the CPU, not to GPU 0 by every rank (memory held there
+    # for the whole job); the states are then copied to the parameters' device
+    monkeypatch.setattr(torch, "load", lambda *a, **kw: loads.append(kw.get("map_location")) or real_load(*a, **kw))
     resumed.resume()
+    assert loads == ["cpu"]
+    monkeypatch.setattr(torch, "load", real_load)
     assert calls[-1] == ("set", gpu, [7, 1, 3])
     n = len(calls)
     with caplog.at_level(logging.WARNING, logger="pwopsd.training.loop"):
@@ -603,10 +609,31 @@ def test_a_rollout_that_would_not_fit_the_engines_context_stops_the_run_naming_t
     short for the longest prompt plus max_completion_length would train on shorter rollouts, exit 0."""
     from pwopsd.training.loop import RolloutContextError, check_rollout_room
 
-    check_rollout_room([93, 40], 1024, 1117, step=3)  # fits exactly
-    check_rollout_room([5000], 1024, None, step=3)  # the hf backend: no engine context
+    check_rollout_room([93, 40], 1024, 1117, "step 3")  # fits exactly
+    check_rollout_room([5000], 1024, None, "step 3")  # the hf backend: no engine context
     with pytest.raises(RolloutContextError) as info:
-        check_rollout_room([93, 40], 1024, 1100, step=3)
+        check_rollout_room([93, 40], 1024, 1100, "step 3")
     line = str(info.value)
-    assert "\n" not in line and "step 3" in line and "93 tokens" in line and "training.rollout_max_model_len=1100" in line
+    assert "\n" not in line and "step 3:" in line and "93 tokens" in line and "training.rollout_max_model_len=1100" in line
     assert "at least 1117" in line
+
+
+def test_a_run_whose_planned_prompts_would_not_fit_the_rollout_context_stops_before_its_first_step(
+        model_factory, tiny_tokenizer, tmp_path):
+    """The data order is fixed: every planned step's prompts are checked when training starts, not
+    hours in at the step that holds the longest (whose retries would stop there again)."""
+    from pwopsd.training.loop import RolloutContextError
+
+    examples = [Example(p.problem, p.reference_solution(), str(p.answer)) for p in sample_problems(3, 8, [1, 2], 9)]
+    examples[5] = Example(examples[5].problem + " and then" * 40, examples[5].solution, examples[5].answer)
+    cfg = paper_train_config("opsd", lora_r=4, lora_alpha=8, max_steps=4, save_every=2, per_device_batch_size=2,
+                             gradient_accumulation_steps=1, max_completion_length=8, chunk_size=8, seed=1,
+                             rollout_backend="vllm", rollout_engine={"max_model_len": 120})
+    # the check reads the config's engine context only: the Trainer's own hf rollouts stand in the
+    # main environment, where vLLM is not installed (tests/vllm_cpu train with the engine itself)
+    tr = Trainer(model_factory(), tiny_tokenizer, examples, cfg, tmp_path / "w", add_special_tokens=False)
+    longest = max(len(tr.student_ids[i]) for i in range(len(examples)))
+    assert longest + 8 > 120 > max(len(tr.student_ids[i]) for i in range(len(examples)) if i != 5) + 8
+    with pytest.raises(RolloutContextError, match=r"steps 1 to 4: a student prompt of \d+ tokens"):
+        tr.train()
+    assert tr.step == 0 and not list((tmp_path / "w").glob("step-*"))

@@ -85,6 +85,10 @@ def require_cuda(gpus: int, job: str, env: dict | None = None) -> None:
     devices. A job that asked for none runs on the CPU."""
     if int(gpus or 0) <= 0:
         return
+    # Asked through NVML: torch's own check (cudaGetDeviceCount) poisons fork without initialising
+    # CUDA, so vLLM, built next in this process, would still fork its engine core and TP workers,
+    # which then fail ("Cannot re-initialize CUDA in forked subprocess"). Read by torch at each call.
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     import torch
 
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:

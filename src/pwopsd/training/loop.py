@@ -110,20 +110,20 @@ class RolloutContextError(ValueError):
     reason "length") and the run would train on shorter rollouts than configured, exit 0."""
 
 
-def check_rollout_room(prompt_lengths: list[int], max_completion_length: int, max_model_len: int | None, step: int) -> None:
+def check_rollout_room(prompt_lengths: list[int], max_completion_length: int, max_model_len: int | None, where: str) -> None:
     """Raise :class:`RolloutContextError` when the longest prompt plus ``max_completion_length``
-    exceeds the engine's ``max_model_len`` (``None``: no limit, the ``hf`` backend). Checked on
-    every step's prompts, so ``training.rollout_max_model_len`` can stay out of the run key: a run
-    that passed it sampled every rollout in full."""
+    exceeds the engine's ``max_model_len`` (``None``: no limit, the ``hf`` backend). Checked on the
+    prompts of every step a run will train, before the first (and on each step's), so
+    ``training.rollout_max_model_len`` can stay out of the run key: a run that passed it samples
+    every rollout in full."""
     if not max_model_len or not prompt_lengths:
         return
     longest = max(prompt_lengths)
     if longest + max_completion_length > max_model_len:
         raise RolloutContextError(
-            f"step {step}: a student prompt of {longest} tokens plus training.max_completion_length={max_completion_length} "
+            f"{where}: a student prompt of {longest} tokens plus training.max_completion_length={max_completion_length} "
             f"exceeds the rollout engine's context, training.rollout_max_model_len={max_model_len}: its rollouts would "
-            f"be cut short; raise training.rollout_max_model_len to at least {longest + max_completion_length} "
-            f"(or leave it null)")
+            f"be cut short; raise training.rollout_max_model_len to at least {longest + max_completion_length}")
 
 
 # Values of a step that each rank computes over its own micro-batches and rollouts (every rank has
@@ -256,7 +256,10 @@ class Trainer:
                 shutil.rmtree(partial, ignore_errors=True)
         ckpt = latest_checkpoint(self.work_dir)
         if ckpt is not None:
-            state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+            # onto the CPU: saved by rank 0 from cuda:0, the tensors would otherwise be loaded to GPU 0
+            # and hold memory there for every other rank's whole job; the adapter and the optimizer
+            # state are copied to the parameters' device below, the RNG states are CPU tensors
+            state = torch.load(ckpt / "trainer_state.pt", weights_only=False, map_location="cpu")
             set_peft_model_state_dict(self.model, state["adapter"])
             self.opt.load_state_dict(state["optimizer"])
             self.sched.load_state_dict(state["scheduler"])
@@ -322,7 +325,7 @@ class Trainer:
                                   max_new_tokens=self.cfg.max_completion_length) for i in idx]
         if self.cfg.rollout_backend != "hf":
             check_rollout_room([len(r.prompt_ids) for r in reqs], self.cfg.max_completion_length,
-                               (self.cfg.rollout_engine or {}).get("max_model_len"), step)
+                               (self.cfg.rollout_engine or {}).get("max_model_len"), f"step {step}")
         try:
             self.sync_seconds = self.rollout_engine.sync(self.model, step)
             return [o[0].token_ids for o in self.rollout_engine.generate(reqs)]
@@ -394,6 +397,11 @@ class Trainer:
         progress finish; then every rank stops after that step, a checkpoint is written and
         :class:`~pwopsd.notice.Interrupted` is raised."""
         self.resume()
+        if self.cfg.rollout_backend != "hf":  # every planned step's prompts, before hours of training
+            planned = sorted({i for step in range(self.step, self.cfg.last_step) for i in self.batch_indices(step)})
+            check_rollout_room([len(self.student_ids[i]) for i in planned], self.cfg.max_completion_length,
+                               (self.cfg.rollout_engine or {}).get("max_model_len"),
+                               f"steps {self.step + 1} to {self.cfg.last_step}")
         history_path = self.work_dir / "train_log.jsonl"
         done = 0
         history = []
