@@ -162,6 +162,20 @@ def test_a_tiny_source_leaves_out_a_held_out_sources_problems():
                    "held_out": [{"n": 40, "levels": [1], "seed": 1, "max_operand": 1}]})
 
 
+def test_a_distinct_tiny_source_draws_a_repeated_problem_again():
+    """Arith-1's 24 draws hold 19 problems: with ``distinct`` a repeat is drawn again, so the
+    benchmark holds 24 (the first 19 in their order, then new ones); too small a space is an error."""
+    from pwopsd.data import DataError, load_tiny
+
+    source = {"kind": "tiny", "n": 24, "levels": [1], "seed": 1001, "max_operand": 9, "max_value": 9}
+    plain, once = load_tiny(source)[0], load_tiny({**source, "distinct": True})[0]
+    assert plain["problem"].nunique() == 19 and once["problem"].nunique() == 24 == len(once)
+    firsts = list(dict.fromkeys(plain["problem"]))
+    assert list(once["problem"][:19]) == firsts
+    with pytest.raises(DataError, match="distinct"):
+        load_tiny({"kind": "tiny", "n": 30, "levels": [1], "seed": 1, "max_operand": 2, "max_value": 3, "distinct": True})
+
+
 def test_a_tiny_sources_numbered_solutions_hold_the_worked_steps_and_answer_in_the_models_own_layout():
     """source.solution: numbered (config/learning.yaml): the worked solution's steps, numbered, then
     a blank line and "So, the answer is \\boxed{...}." (how SmolLM2-135M-Instruct lays out its greedy

@@ -101,7 +101,7 @@ def load_tiny(source: dict) -> tuple[pd.DataFrame, dict]:
 
     def problems_of(spec: dict, exclude=frozenset()):
         return sample_problems(spec["seed"], spec["n"], list(spec["levels"]), spec.get("max_operand", 30),
-                               spec.get("max_value"), exclude=exclude)
+                               spec.get("max_value"), exclude=exclude, distinct=bool(spec.get("distinct", False)))
 
     held_out = frozenset(p for other in source.get("held_out", []) for p in problems_of(other))
     try:

@@ -98,19 +98,23 @@ def sample_problem(rng: np.random.Generator, level: int, max_operand: int, max_v
 
 
 def sample_problems(seed: int, n: int, levels: list[int], max_operand: int, max_value: int | None = None,
-                    exclude: frozenset[ArithmeticProblem] = frozenset()) -> list[ArithmeticProblem]:
+                    exclude: frozenset[ArithmeticProblem] = frozenset(), distinct: bool = False) -> list[ArithmeticProblem]:
     """``n`` problems with levels cycled in equal shares, deterministically from ``seed``; a problem
-    in ``exclude`` (a held-out set) is drawn again (without it, the stream is the same)."""
+    in ``exclude`` (a held-out set) is drawn again (without it, the stream is the same), and with
+    ``distinct`` so is one already drawn (a benchmark: a repeated problem would get the same samples
+    as its first copy, and count twice in every per-problem statistic)."""
     rng = np.random.default_rng(seed)
     out: list[ArithmeticProblem] = []
+    drawn: set[ArithmeticProblem] = set()
     for _ in range(100 * n):
         if len(out) == n:
             break
         problem = sample_problem(rng, levels[len(out) % len(levels)], max_operand, max_value)
-        if problem not in exclude:
+        if problem not in exclude and not (distinct and problem in drawn):
             out.append(problem)
+            drawn.add(problem)
     if len(out) < n:
-        raise ValueError(f"only {len(out)} of {n} problems found outside the {len(exclude)} held out "
+        raise ValueError(f"only {len(out)} of {n} {'distinct ' if distinct else ''}problems found outside the {len(exclude)} held out "
                          f"(levels {levels}, max_operand {max_operand}): too few distinct problems")
     return out
 
