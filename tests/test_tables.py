@@ -238,3 +238,20 @@ def test_table1_branch_auroc_matches_the_paper_line_by_line():
     tex = branch_auroc_table(summary, model_label="Qwen3-4B")
     assert tabular_rows(tex) == rows
     assert "\\begin{tabular*}{0.95\\linewidth}{@{\\extracolsep{\\fill}}lcc@{}}" in tex and "\\vspace{-0.5cm}" in tex
+
+
+def test_the_caption_says_where_training_runs_are_pooled():
+    """A method with several training seeds is the mean ± std over every (training run, eval seed)
+    pair (pool_runs): the caption says so for its rows, not "across evaluation seeds" alone."""
+    from pwopsd.report.tables import across_seeds
+
+    def row(checkpoint, seeds):
+        return {"model": "m", "checkpoint": checkpoint, "benchmark": "b", "metric": "avg", "mean": 1.0, "std": 0.1,
+                "n_seeds": len(seeds), "seeds": seeds}
+
+    plain, pooled = ["main", "1", "2"], ["main", "1", "2", "opsd-seed43/main", "opsd-seed43/1", "opsd-seed43/2"]
+    summary = pd.DataFrame([row("opsd", pooled), row("eopd", plain)])
+    rows = [("opsd", "\\textsc{OPSD}"), ("eopd", "EOPD")]
+    assert across_seeds(summary, "m", rows) == "evaluation seeds, and training runs too for \\textsc{OPSD} (every pair)"
+    assert across_seeds(summary, "m", rows[1:]) == "evaluation seeds"
+    assert across_seeds(summary, "m", rows[:1]) == "training runs and evaluation seeds (every pair)"

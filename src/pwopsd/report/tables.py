@@ -54,6 +54,22 @@ def lookup(summary: pd.DataFrame, model: str, checkpoint: str, benchmark: str, m
     return float(row["mean"].iloc[0]), float(row["std"].iloc[0])
 
 
+def across_seeds(summary: pd.DataFrame, model: str, rows: Sequence[tuple[str, str]]) -> str:
+    """What a table's ± is taken across, for its ``(checkpoint, label)`` rows: "evaluation seeds",
+    or, where a row pools a method's training runs (seed names ``<run>/<seed>``,
+    :func:`pwopsd.evaluation.pipeline.pool_runs`), every (training run, evaluation seed) pair, said
+    for the rows that do."""
+    labels = dict(rows)
+    mine = summary[(summary["model"] == model) & summary["checkpoint"].isin(list(labels))]
+    seeds = mine["seeds"] if "seeds" in mine else [None] * len(mine)
+    pooled = {c for c, names in zip(mine["checkpoint"], seeds) if names is not None and any("/" in str(x) for x in names)}
+    if not pooled:
+        return "evaluation seeds"
+    if pooled == set(mine["checkpoint"]):
+        return "training runs and evaluation seeds (every pair)"
+    return f"evaluation seeds, and training runs too for {', '.join(labels[c] for c in labels if c in pooled)} (every pair)"
+
+
 def _wrap(body: list[str], caption: str, label: str, colspec: str, *, resize: bool = False, width: str | None = None,
           preamble: Sequence[str] = (), vspace: str | None = None) -> str:
     """A ``table`` float in the paper's layout: ``preamble`` (spacing commands) after ``\small``;
@@ -137,15 +153,16 @@ def render_table(summary, spec: dict, benchmarks: Sequence[str]) -> str:
         model = spec["model"]
         rows = [(m, _label(spec, m)) for m in spec["methods"]]
         mlabel = spec["model_labels"].get(model, model)
+        across = across_seeds(summary, model, rows)
         if kind in ("main", "baselines"):
-            caption = (f"{mlabel} results. Entries report mean $\\pm$ standard deviation across evaluation seeds. "
+            caption = (f"{mlabel} results. Entries report mean $\\pm$ standard deviation across {across}. "
                        "Bold marks the best value for each benchmark--metric column and any value within 0.1 pp of the leader.")
             if kind == "baselines":
                 caption = ("Beyond the paper: token-level distillation objectives its related work discusses, trained "
                            "with the same rollouts, privileged teacher and budget. " + caption)
             return method_benchmark_table(summary, model=model, rows=rows, benchmarks=bl, n=n, caption=caption,
                                           label=f"tab:{kind}-4b", preamble=["\\setlength{\\tabcolsep}{4.5pt}"])
-        caption = (f"Position-schedule sweep on {mlabel}. Mean $\\pm$ standard deviation across evaluation seeds; "
+        caption = (f"Position-schedule sweep on {mlabel}. Mean $\\pm$ standard deviation across {across}; "
                    "bold marks the best value for each benchmark--metric column within the sweep.")
         return method_benchmark_table(summary, model=model, rows=rows, benchmarks=bl, n=n, caption=caption,
                                       label="tab:pwopsd-ablation", group_rule="\\cmidrule(l){2-5}", first_header="Config",
@@ -162,7 +179,8 @@ def render_table(summary, spec: dict, benchmarks: Sequence[str]) -> str:
         b = spec["benchmark"]
         caption = (f"$2\\times2$ ablation on {spec['model_labels'].get(spec['model'], spec['model'])} "
                    f"{spec['benchmark_labels'].get(b, b)}: reduction by positioning. Avg@{n} mean $\\pm$ sample standard "
-                   "deviation across evaluation seeds. Bold marks the column maximum.")
+                   f"deviation across {across_seeds(summary, spec['model'], [(c['method'], c['label']) for c in spec['cells']])}. "
+                   "Bold marks the column maximum.")
         return ablation_table(summary, model=spec["model"], cells=[(c["method"], c["label"]) for c in spec["cells"]],
                               benchmark=(b, spec["benchmark_labels"].get(b, b)), n=n, caption=caption,
                               label="tab:reduction-ablation")
