@@ -66,20 +66,25 @@ def test_figure_and_table_params(paper):
                                                "graders": ["corrected", "reference"]}
 
 
-def test_the_number_of_training_processes_is_a_param_of_the_train_rule(paper, tmp_path, monkeypatch):
+def test_the_number_of_training_processes_is_a_param_of_the_train_rule(paper, tmp_path):
     """Each training process takes its share of a step's problems, so gpus.train is part of what a
     run is: a param (which Snakemake compares when it decides what to rerun), not only the job's GPU
     resource (which it does not)."""
-    from pwopsd.standalone import mock_snakemake
+    import subprocess
+    import sys
 
     assert settings.training_processes(paper, W(model="qwen3_4b")) == 4
     tiny = load_config(REPO / "tiny" / "config" / "config.yaml")
     assert settings.training_processes(tiny, W(model="tiny_qwen3")) == 1  # gpus.train 0: one CPU process
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "config.yaml").write_text((REPO / "config" / "config.yaml").read_text())
-    monkeypatch.chdir(tmp_path)  # mock_snakemake works in the run's folder, as snakemake --directory
-    job = mock_snakemake("train", tmp_path, model="qwen3_4b", method="opsd")
-    assert job.params.processes == 4 == job.resources.gpu
+    # the train job as Snakemake builds it, in a process of its own: including the Snakefile pins
+    # this process's kernel path and exports PYTHONPATH, which later tests must not inherit
+    job = subprocess.run([sys.executable, "-c", "from pwopsd.standalone import mock_snakemake; "
+                          f"job = mock_snakemake('train', {str(tmp_path)!r}, model='qwen3_4b', method='opsd'); "
+                          "print(job.params.processes, job.resources.gpu)"], capture_output=True, text=True, cwd=REPO)
+    assert job.returncode == 0, job.stderr[-2000:]
+    assert job.stdout.split()[-2:] == ["4", "4"]
 
 
 def test_execution_settings_are_not_params(paper):

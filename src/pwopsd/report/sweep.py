@@ -67,9 +67,14 @@ def sweep_values(summaries: Sequence[dict], methods: Sequence[tuple[str, str]], 
                                  "eval_seeds": c.eval_seeds,
                                  "eval_step": int(step) == int(eval_step)})
     frame = pd.DataFrame(rows)
-    frame["rank"] = (frame.groupby(["model", "metric", "benchmark", "step"])["value"]
+    # ranked on values rounded to TIE_DECIMALS: two methods of equal scores (a mean of the same
+    # fractions summed in another order) part in the last bit and would not share their rank
+    frame["rank"] = (frame["value"].round(TIE_DECIMALS).groupby([frame[k] for k in ("model", "metric", "benchmark", "step")])
                      .rank(ascending=False, method="min").astype(int))
     return frame
+
+
+TIE_DECIMALS = 9  # percentage points: far below any value shown
 
 
 def rank_stability(values: pd.DataFrame) -> pd.DataFrame:
@@ -81,7 +86,7 @@ def rank_stability(values: pd.DataFrame) -> pd.DataFrame:
         at_eval = part.loc[part["eval_step"], "rank"]
         rank = int(at_eval.iloc[0]) if len(at_eval) else None
         rows.append(dict(zip(["model", "method", "metric", "benchmark"], key),
-                         best_step=int(part.loc[part["value"].idxmax(), "step"]), rank_at_eval_step=rank,
+                         best_step=int(part.loc[part["value"].round(TIE_DECIMALS).idxmax(), "step"]), rank_at_eval_step=rank,
                          rank_holds=bool(rank is not None and (part["rank"] == rank).all())))
     return pd.DataFrame(rows)
 
