@@ -23,8 +23,7 @@ def _grade_with(df: pd.DataFrame, gold: pd.Series, pool: GraderPool, options: Gr
                 maj_budget: float | None) -> tuple[list, dict, pd.DataFrame]:
     """One grader's verdicts on the extracted samples of ``df``: (per-sample grades, Maj@N cluster
     label per row index, per-problem metrics)."""
-    grades = pool.grade_pairs([(gold[pid], pred if formatted else None)
-                               for pid, pred, formatted in zip(df["problem_id"], df["extracted"], df["formatted"])], options=options)
+    grades = pool.grade_pairs([(gold[pid], pred) for pid, pred in zip(df["problem_id"], df["extracted"])], options=options)
     correct = pd.Series([g.correct for g in grades], index=df.index)
     rows, labels = [], {}
     for pid, grp in df.groupby("problem_id", sort=False):

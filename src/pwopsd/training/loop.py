@@ -112,8 +112,8 @@ class RolloutContextError(ValueError):
 
 def check_rollout_room(prompt_lengths: list[int], max_completion_length: int, max_model_len: int | None, where: str) -> None:
     """Raise :class:`RolloutContextError` when the longest prompt plus ``max_completion_length``
-    exceeds the engine's ``max_model_len`` (``None``: no limit, the ``hf`` backend). Checked on the
-    prompts of every step a run will train, before the first (and on each step's), so
+    exceeds the engine's ``max_model_len`` (``None``: no limit, the ``hf`` backend). Checked once,
+    on the prompts of every step a run will train (the data order is fixed), before the first, so
     ``training.rollout_max_model_len`` can stay out of the run key: a run that passed it samples
     every rollout in full."""
     if not max_model_len or not prompt_lengths:
@@ -323,9 +323,6 @@ class Trainer:
         reqs = [GenerationRequest(tuple(self.student_ids[i]), n=1, seed=rollout_seed(self.cfg.seed, step, i),
                                   temperature=self.cfg.temperature, top_p=self.cfg.rollout_top_p, top_k=self.cfg.rollout_top_k,
                                   max_new_tokens=self.cfg.max_completion_length) for i in idx]
-        if self.cfg.rollout_backend != "hf":
-            check_rollout_room([len(r.prompt_ids) for r in reqs], self.cfg.max_completion_length,
-                               (self.cfg.rollout_engine or {}).get("max_model_len"), f"step {step}")
         try:
             self.sync_seconds = self.rollout_engine.sync(self.model, step)
             return [o[0].token_ids for o in self.rollout_engine.generate(reqs)]
@@ -397,8 +394,9 @@ class Trainer:
         progress finish; then every rank stops after that step, a checkpoint is written and
         :class:`~pwopsd.notice.Interrupted` is raised."""
         self.resume()
-        if self.cfg.rollout_backend != "hf":  # every planned step's prompts, before hours of training
-            planned = sorted({i for step in range(self.step, self.cfg.last_step) for i in self.batch_indices(step)})
+        if self.cfg.rollout_backend != "hf":  # every planned step's prompts (every rank's), before hours of training
+            b = self.cfg.rank_batch * self.world
+            planned = sorted({int(i) for i in self.order[self.step * b : self.cfg.last_step * b]})
             check_rollout_room([len(self.student_ids[i]) for i in planned], self.cfg.max_completion_length,
                                (self.cfg.rollout_engine or {}).get("max_model_len"),
                                f"steps {self.step + 1} to {self.cfg.last_step}")
