@@ -161,6 +161,36 @@ def test_the_sync_folder_is_measured_and_priced_per_trained_model(tmp_path):
     assert not list((tmp_path / "sync").iterdir())  # the probe is gone
 
 
+def test_each_rules_job_size_is_read_as_snakemake_evaluates_the_profile():
+    """CPUs, memory and minutes of every rule at its first attempt: ``default-resources`` under the
+    rule's own values, expressions of ``attempt`` and ``$PWOPSD_MAX_RUNTIME_MIN`` evaluated (the
+    figures here are the profile's, read by hand)."""
+    profile = yaml.safe_load((REPO / "profiles/slurm/profile.yaml").read_text())
+    capped = {**PAPER, "cluster": {**PAPER["cluster"], "max_runtime_min": 600}}
+    sizes = preflight.job_sizes(profile, capped)
+    assert sizes["default"] == {"partition": "CHANGE_ME_CPU_PARTITION", "cpus": 2, "mem_mb": 8000, "minutes": 30}
+    assert sizes["train"] == {"partition": "CHANGE_ME_GPU_PARTITION", "cpus": 32, "mem_mb": 256000, "minutes": 600}
+    assert sizes["merge_adapter"]["mem_mb"] == 64000 and sizes["generate"]["minutes"] == 480
+    assert sizes["fit_schedule"] == {"partition": "CHANGE_ME_CPU_PARTITION", "cpus": 1, "mem_mb": 4000, "minutes": 30}
+    assert set(sizes) == {"default", *profile["set-resources"]}
+
+
+def test_a_node_local_sync_folder_is_measured_on_the_gpu_node_not_the_login_node(tmp_path, monkeypatch):
+    """``training.rollout_sync_dir: $TMPDIR`` (the paper's) is the GPU node's disk: the login node's
+    preflight says so instead of measuring its own; the node part measures it where it expands."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "login"))
+    cfg = {**PAPER, "training": {**PAPER["training"], "rollout_sync_dir": "$TMPDIR"}}
+    found = preflight.cluster_findings({}, cfg)
+    (sync,) = [f for f in found if f.check.startswith("sync")]
+    assert sync.warn and not sync.ok and "--gpu-job" in sync.message and "$TMPDIR is node-local" in sync.message
+    assert not (tmp_path / "login").exists()  # nothing written on the login node
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "node"))
+    (tmp_path / "node").mkdir()
+    on_node = [f for f in preflight.node_main(None, "$TMPDIR", cfg) if f.check.startswith("sync")]
+    assert {f.check for f in on_node} == {"sync folder", "sync speed"}
+    assert all(f.message.startswith("on GPU node ") and str(tmp_path / "node") in f.message for f in on_node)
+
+
 def test_node_local_sync_folders_are_keyed_by_the_run_and_never_a_literal_variable(tmp_path, monkeypatch):
     from pwopsd.training.job import sync_base, sync_root
 

@@ -1104,10 +1104,27 @@ def test_the_preflight_asks_slurm_for_every_gpu_request_and_names_a_gres_type_it
     cfg = load_config(REPO / "config" / "config.yaml")
     prof = yaml.safe_load((filled_profile(tmp_path, account=slurm_cluster.account) / "profile.yaml").read_text())
     env = slurm_cluster.env()
+    gpu_rules = GPU_RULES | {"generate_sweep_step"}
+    # The profile's sizes (32 CPUs and 256 GB for a generate job) against this node's, as scontrol
+    # reports them: every rule asking for more is refused by sbatch, naming the rule's resources.
+    node = dict(kv.split("=", 1) for kv in subprocess.run(["scontrol", "show", "node", "-o"], env=env, capture_output=True,
+                                                           text=True, check=True).stdout.split() if "=" in kv)
+    cpus, memory = int(node["CPUTot"]), int(node["RealMemory"])
+    paper = slurm_findings(prof, cfg, env=env)
+    assert all(f.ok for f in paper if f.check != "job size"), [f.message for f in paper if not f.ok]
+    assert {f.message.split(":")[0] for f in paper if f.check == "GRES"} == {f"rule {r}" for r in gpu_rules}
+    sizes = {"default": prof["default-resources"], **prof["set-resources"]}
+    too_big = {r for r, res in sizes.items() if int(res.get("cpus_per_task", 2)) > cpus
+               or int(str(res.get("mem_mb", 8000)).split()[0]) > memory}
+    assert too_big >= gpu_rules  # 2-core test node
+    refused = {f.message.split("'s jobs")[0].removeprefix("sbatch refuses rule ") for f in paper if not f.ok}
+    assert refused == too_big, (refused, too_big)
+    assert all("cpus_per_task / mem_mb / runtime" in f.setting for f in paper if not f.ok)
+    for res in sizes.values():  # the profile sized for this node: every request accepted
+        res.update(cpus_per_task=1, mem_mb=500)
     good = slurm_findings(prof, cfg, env=env)
     assert all(f.ok for f in good), [f.message for f in good if not f.ok]
-    gpu_rules = GPU_RULES | {"generate_sweep_step"}
-    assert {f.message.split(":")[0] for f in good if f.check == "GRES"} == {f"rule {r}" for r in gpu_rules}
+    assert {f.message.split(":")[0] for f in good if f.check == "job size"} == {f"rule {r}" for r in sizes}
     for res in prof["set-resources"].values():
         if "gpu_model" in res:
             res["gpu_model"] = "nvidia_h100_80gb_hbm3"
@@ -1153,7 +1170,11 @@ def test_the_preflight_gpu_job_checks_the_nodes_driver_against_each_environment(
     cfg = load_config(REPO / "config" / "config.yaml")
     prof = yaml.safe_load((filled_profile(tmp_path, account=slurm_cluster.account) / "profile.yaml").read_text())
     monkeypatch.chdir(tmp_path)
-    found = gpu_job_findings(prof, cfg, env=slurm_cluster.env(), timeout_s=300)
+    found = gpu_job_findings(prof, cfg, env=slurm_cluster.env(), timeout_s=300, sync_dir="$TMPDIR")
+    # the node-local sync folder measured in the job, where $TMPDIR is the job's
+    sync = [f for f in found if f.check.startswith("sync")]
+    assert {f.check for f in sync} == {"sync folder", "sync speed"} and all(f.message.startswith("on GPU node ") for f in sync)
+    found = [f for f in found if f not in sync]
     assert [f.check for f in found] == ["driver"] * len(JOB_ENVS), [f.message for f in found]
     assert not any(f.ok for f in found) and all("no driver found" in f.message for f in found)
     assert {f.message.split(" needs")[0] for f in found} == set(JOB_ENVS)

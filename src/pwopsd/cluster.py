@@ -173,19 +173,24 @@ def slurm_warning(slurm_extra: Any) -> SlurmWarning | None:
                         batch_only="B" in found["flags"].upper().split(":"))
 
 
-def runtime_minutes(runtime: Any, attempt: int, max_runtime: float) -> float:
-    """Minutes of a profile runtime (a number, or an expression of ``attempt`` such as
+def resource_number(value: Any, attempt: int, max_runtime: float, what: str = "a number") -> float:
+    """A profile resource (a number, or an expression of ``attempt`` such as ``8000 * attempt`` or
     ``min(720 * attempt, $PWOPSD_MAX_RUNTIME_MIN)``) at ``attempt``, evaluated as Snakemake does
     (environment variables expanded, then Python), with ``$PWOPSD_MAX_RUNTIME_MIN`` = ``max_runtime``.
     Raises ValueError for an expression that needs more than ``attempt`` (the job's input, ...)."""
     cap = str(int(max_runtime)) if max_runtime < 10**12 else str(10**12)  # no cap: a limit no job reaches
-    text = setting_text(runtime).replace(f"${{{MAX_RUNTIME_ENV}}}", cap).replace(f"${MAX_RUNTIME_ENV}", cap)
+    text = setting_text(value).replace(f"${{{MAX_RUNTIME_ENV}}}", cap).replace(f"${MAX_RUNTIME_ENV}", cap)
     try:
-        value = eval(os.path.expandvars(text), {"__builtins__": {"min": min, "max": max, "int": int, "round": round}},
-                     {"attempt": attempt})
-        return float(value)
+        number = eval(os.path.expandvars(text), {"__builtins__": {"min": min, "max": max, "int": int, "round": round}},
+                      {"attempt": attempt})
+        return float(number)
     except Exception as exc:  # noqa: BLE001 - reported with the setting by the caller
-        raise ValueError(f"cannot read {setting_text(runtime)!r} as minutes of `attempt` ({exc})") from None
+        raise ValueError(f"cannot read {setting_text(value)!r} as {what} of `attempt` ({exc})") from None
+
+
+def runtime_minutes(runtime: Any, attempt: int, max_runtime: float) -> float:
+    """Minutes of a profile runtime at ``attempt`` (:func:`resource_number`)."""
+    return resource_number(runtime, attempt, max_runtime, "minutes")
 
 
 @dataclass(frozen=True)

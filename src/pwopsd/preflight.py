@@ -13,11 +13,14 @@ driver version or an 8B model's KV need):
   method, and conda on the PATH;
 * Slurm: each partition exists, its time limit holds ``cluster.max_runtime_min``, and sbatch
   accepts each GPU rule's request (``sbatch --test-only --gpus=<gpu_model>:<n>``), which is how a
-  GRES type the site spells otherwise (``nvidia_h100_80gb_hbm3``) shows before any job;
+  GRES type the site spells otherwise (``nvidia_h100_80gb_hbm3``) shows before any job, then each
+  rule's whole request (CPUs, memory, time and GPUs at its first attempt): nodes smaller than the
+  profile's sizes;
 * each vLLM engine of each model (evaluation, diagnostic, the colocated rollout engine): its weights
   and the KV cache of one full-length sequence (from the model's ``config.json``) within its share
   of ``cluster.gpu_memory_gib``;
-* the rollout sync folder: free space for the merged weights of every rank, and its write speed;
+* the rollout sync folder: free space for the merged weights of every rank, and its write speed
+  (a node-local folder such as ``$TMPDIR``: on the GPU node, by ``--gpu-job``);
 * on a GPU node (``--gpu-job``): the NVIDIA driver against the CUDA runtime of each ``envs/*.yaml``.
 """
 
@@ -27,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -140,21 +144,65 @@ def slurm_findings(profile: dict, cfg: dict, run=subprocess.run, env: dict | Non
         else:
             out.append(Finding("partition", True, f"{name}: limit {parts[name]['limit_min']:.0f} min >= {cap}"))
     account = str(defaults.get("slurm_account", ""))
+    test = ["sbatch", "--test-only", *(["--account", account] if account and PLACEHOLDER not in account else [])]
+
+    def refusal(args: list[str]) -> str:
+        proc = run([*test, *args, "--wrap", "true"], capture_output=True, text=True, env=env)
+        return " ".join((proc.stderr + proc.stdout).split())[-300:] if proc.returncode != 0 else ""
+
+    gres, unchecked = {}, set()  # rule: its accepted --gpus; rules whose GPU request was not accepted
     for rule, part, model, gpus in gpu_requests(profile, cfg):
+        unchecked.add(rule)
         if PLACEHOLDER in part + model:
             continue  # named by the profile check
-        cmd = ["sbatch", "--test-only", "-p", part, f"--gpus={model}:{gpus}", "--time", "10", "--wrap", "true"]
-        if account and PLACEHOLDER not in account:
-            cmd[2:2] = ["--account", account]
-        proc = run(cmd, capture_output=True, text=True, env=env)
-        said = " ".join((proc.stderr + proc.stdout).split())
+        said = refusal(["-p", part, f"--gpus={model}:{gpus}", "--time", "10"])
         types = sorted(parts.get(part, {}).get("gres", set()))
-        if proc.returncode != 0:
+        if said:
             out.append(Finding("GRES", False, f"sbatch refuses rule {rule}'s request --gpus={model}:{gpus} in partition "
-                               f"{part} ({said[-300:]}); the partition's GPU types: {', '.join(types) or 'none'}",
+                               f"{part} ({said}); the partition's GPU types: {', '.join(types) or 'none'}",
                                f"profiles/slurm/profile.yaml: set-resources.{rule}.gpu_model (and models.<model>.gpus)"))
         else:
+            gres[rule] = f"--gpus={model}:{gpus}"
+            unchecked.discard(rule)
             out.append(Finding("GRES", True, f"rule {rule}: --gpus={model}:{gpus} accepted in {part}"))
+    # Each rule's whole request as its jobs will ask (CPUs, memory, time at the first attempt, and the
+    # GPUs sbatch accepted above): a node smaller than the profile's sizes refuses it here, not after
+    # the queue wait of the first job.
+    for rule, size in job_sizes(profile, cfg).items():
+        if PLACEHOLDER in size["partition"] or size["partition"] == "None" or rule in unchecked:
+            continue  # a placeholder, or a GPU request not accepted: named above
+        what = f"{size['cpus']} CPUs, {size['mem_mb']} MB, {size['minutes']} min" + (f", {gres[rule]}" if rule in gres else "")
+        said = refusal(["-p", size["partition"], "--cpus-per-task", str(size["cpus"]), "--mem", f"{size['mem_mb']}M",
+                        "--time", str(size["minutes"]), *([gres[rule]] if rule in gres else [])])
+        where = f"set-resources.{rule}" if rule != "default" else "default-resources"
+        out.append(Finding("job size", not said, f"sbatch refuses rule {rule}'s jobs ({what}) in partition {size['partition']}: "
+                           f"{said}" if said else f"rule {rule}: {what} accepted in {size['partition']}",
+                           f"profiles/slurm/profile.yaml: {where}.cpus_per_task / mem_mb / runtime (the nodes' size)"))
+    return out
+
+
+def job_sizes(profile: dict, cfg: dict) -> dict[str, dict]:
+    """What each rule of ``set-resources`` (and ``default``: every other rule) asks Slurm for at its
+    first attempt: partition, CPUs, memory (MB) and minutes, from ``default-resources`` under the
+    rule's own values, evaluated as Snakemake evaluates them (:func:`pwopsd.cluster.resource_number`)."""
+    import math
+
+    from pwopsd.cluster import resource_number
+
+    defaults = profile.get("default-resources") or {}
+    cap = float(cfg["cluster"]["max_runtime_min"] or float("inf"))
+    out = {}
+    for rule, own in {"default": {}, **(profile.get("set-resources") or {})}.items():
+        res = {**defaults, **(own or {})}
+        if not all(k in res for k in ("cpus_per_task", "mem_mb", "runtime")):
+            continue
+        try:
+            out[rule] = {"partition": str(res.get("slurm_partition")),
+                         "cpus": int(resource_number(res["cpus_per_task"], 1, cap, "CPUs")),
+                         "mem_mb": int(math.ceil(resource_number(res["mem_mb"], 1, cap, "MB"))),
+                         "minutes": int(math.ceil(resource_number(res["runtime"], 1, cap, "minutes")))}
+        except ValueError:
+            continue  # an expression of more than `attempt` (the job's input size): not known before the DAG
     return out
 
 
@@ -288,18 +336,24 @@ def node_findings(driver: str | None, env_files=JOB_ENVS, repo: Path = REPO) -> 
     return out
 
 
-def gpu_job_findings(profile: dict, cfg: dict, env: dict | None = None, timeout_s: int = 900) -> list[Finding]:
+def gpu_job_findings(profile: dict, cfg: dict, env: dict | None = None, timeout_s: int = 900,
+                     sync_dir: str | None = None) -> list[Finding]:
     """Run ``python -m pwopsd.preflight node`` as a one-GPU job of the train rule's partition and
-    GPU type (``sbatch --wait``) and read what it found."""
+    GPU type (``sbatch --wait``) and read what it found; with ``sync_dir`` (a node-local folder such
+    as ``$TMPDIR``, expanded there) the job measures the rollout sync folder too."""
     reqs = {r: (p, m) for r, p, m, _ in gpu_requests(profile, cfg)}
     if "train" not in reqs:
         return [Finding("GPU job", False, "no GPU rule with a gpu_model in the profile", "profiles/slurm/profile.yaml")]
     part, model = reqs["train"]
     account = str((profile.get("default-resources") or {}).get("slurm_account", ""))
     out_file = Path.cwd() / f".pwopsd-preflight-node-{os.getpid()}.json"
+    node = f"{sys.executable} -m pwopsd.preflight node --json {out_file}"
+    if sync_dir:
+        cfg_file = Path(str(out_file) + ".config")
+        cfg_file.write_text(json.dumps(cfg))
+        node += f" --sync-dir {shlex.quote(sync_dir)} --config-json {cfg_file}"
     cmd = ["sbatch", "--wait", "-p", part, f"--gpus={model}:1", "--time", "10", "-o", str(out_file) + ".log",
-           *(["--account", account] if account else []),
-           "--wrap", f"{sys.executable} -m pwopsd.preflight node --json {out_file}"]
+           *(["--account", account] if account else []), "--wrap", node]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
     if not out_file.exists():
         log = Path(str(out_file) + ".log")
@@ -308,14 +362,19 @@ def gpu_job_findings(profile: dict, cfg: dict, env: dict | None = None, timeout_
                         "profiles/slurm/profile.yaml: set-resources.train")]
     found = [Finding(**f) for f in json.loads(out_file.read_text())]
     out_file.unlink()
-    Path(str(out_file) + ".log").unlink(missing_ok=True)
+    for extra in (".log", ".config"):
+        Path(str(out_file) + extra).unlink(missing_ok=True)
     return found
 
 
-def node_main(json_out: str | None) -> list[Finding]:
+def node_main(json_out: str | None, sync_dir: str | None = None, cfg: dict | None = None) -> list[Finding]:
     from pwopsd.accelerator import driver_version
+    from pwopsd.io import node_folder
 
     found = node_findings(driver_version())
+    if sync_dir:
+        found += [Finding(f.check, f.ok, f"on GPU node {os.uname().nodename}: {f.message}", f.setting, f.warn)
+                  for f in sync_folder_findings(node_folder(sync_dir), cfg)]
     if json_out:
         Path(json_out).write_text(json.dumps([asdict(f) for f in found]))
     return found
@@ -346,9 +405,18 @@ def cluster_findings(profile: dict, cfg: dict, *, sync_dir: str | None = None, g
     found += missing + engine_findings(cfg, configs)
     from pwopsd.io import node_folder
 
-    found += sync_folder_findings(node_folder(sync_dir or cfg["training"].get("rollout_sync_dir") or "results/training"), cfg)
+    folder = sync_dir or cfg["training"].get("rollout_sync_dir") or "results/training"
+    # A folder named by a variable ($TMPDIR: the GPU node's own disk, set by Slurm for each job) is
+    # another folder on the login node: it is measured where the jobs write it, by the GPU job.
+    node_local = "$" in folder
+    if not node_local:
+        found += sync_folder_findings(node_folder(folder), cfg)
+    elif not gpu_job:
+        found.append(Finding("sync folder", False, f"{folder} is node-local: not measured here (the login node's is another "
+                             "disk); python -m pwopsd.preflight --gpu-job measures it on a GPU node",
+                             "--gpu-job, or --sync-dir for a shared folder", warn=True))
     if gpu_job:
-        found += gpu_job_findings(profile, cfg, env=env)
+        found += gpu_job_findings(profile, cfg, env=env, sync_dir=folder if node_local else None)
     return found
 
 
@@ -365,9 +433,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sync-dir", help="the folder the rollout engines' weights are written to (default: "
                     "training.rollout_sync_dir, else results/training)")
     ap.add_argument("--json", help="write the findings as JSON here")
+    ap.add_argument("--config-json", help=argparse.SUPPRESS)  # node: the login node's config (--gpu-job)
     args = ap.parse_args(argv)
     if args.what == "node":
-        found = node_main(args.json)
+        cfg = json.loads(Path(args.config_json).read_text()) if args.config_json else None
+        found = node_main(args.json, args.sync_dir if cfg else None, cfg)
         print(report(found))
         return int(bool(failed(found)))
     cfg = load_config_files([REPO / "config/config.yaml", *args.configfile] if not args.configfile else args.configfile)
