@@ -100,8 +100,9 @@ def scores(summaries: list[dict]) -> list[str]:
     return out
 
 
-def table(work: Path, configs: list[Path], runs: list[str], seconds: float, host: str | None = None) -> list[str]:
-    """The printed report; ``host``: the first line's machine (default: this CPU, 2 cores)."""
+def table(work: Path, configs: list[Path], runs: list[str], seconds: float, host: str | None = None,
+          cores: int = 2) -> list[str]:
+    """The printed report; ``host``: the first line's machine (default: this CPU, ``cores`` used)."""
     from pwopsd.config import load_config_files
     from pwopsd.config.design import method_runs
     from pwopsd.report.significance import gains_over_base
@@ -115,7 +116,7 @@ def table(work: Path, configs: list[Path], runs: list[str], seconds: float, host
     gains = gains_over_base(summaries, MODEL, names, benchmarks)
     if host is None:
         cpu = numeric_platform()
-        host = (f"{cpu['model_name']} (family/model {cpu['family_model']}; {cpu['instruction_sets']}), 2 cores used; "
+        host = (f"{cpu['model_name']} (family/model {cpu['family_model']}; {cpu['instruction_sets']}), {cores} cores used; "
                 f"cpu_kernel_path {cfg['cpu_kernel_path']}, torch {cpu['torch']}")
     out = [f"host: {host}; dtype {cfg['models'][MODEL]['dtype']}; rollouts {cfg['training']['rollout_backend']}, "
            f"evaluation {cfg['evaluation']['backend']}",
@@ -170,7 +171,7 @@ def main() -> None:
         raise SystemExit(f"--set {exc}") from None
     configs = workdir(args.work, args.cache or args.work / "hub", extra)
     seconds = run(args.work, configs, args.runs, args.snakemake, args.cores)
-    print("\n".join(table(args.work, configs, args.runs, seconds)))
+    print("\n".join(table(args.work, configs, args.runs, seconds, cores=args.cores)))
 
 
 if __name__ == "__main__":

@@ -167,12 +167,47 @@ def test_each_rules_job_size_is_read_as_snakemake_evaluates_the_profile():
     figures here are the profile's, read by hand)."""
     profile = yaml.safe_load((REPO / "profiles/slurm/profile.yaml").read_text())
     capped = {**PAPER, "cluster": {**PAPER["cluster"], "max_runtime_min": 600}}
-    sizes = preflight.job_sizes(profile, capped)
+    sizes, unread = preflight.job_sizes(profile, capped)
+    assert not unread
     assert sizes["default"] == {"partition": "CHANGE_ME_CPU_PARTITION", "cpus": 2, "mem_mb": 8000, "minutes": 30}
     assert sizes["train"] == {"partition": "CHANGE_ME_GPU_PARTITION", "cpus": 32, "mem_mb": 256000, "minutes": 600}
     assert sizes["merge_adapter"]["mem_mb"] == 64000 and sizes["generate"]["minutes"] == 480
     assert sizes["fit_schedule"] == {"partition": "CHANGE_ME_CPU_PARTITION", "cpus": 1, "mem_mb": 4000, "minutes": 30}
     assert set(sizes) == {"default", *profile["set-resources"]}
+    # Snakemake's human-readable values; what cannot be known before the DAG is said, not skipped
+    profile["set-resources"]["train"].update(runtime="12h", mem_mb="64GB")
+    profile["set-resources"]["grade"]["mem_mb"] = "input.size_mb * 2"
+    del profile["default-resources"]["cpus_per_task"]
+    sizes, unread = preflight.job_sizes(profile, capped)
+    assert (sizes["train"]["minutes"], sizes["train"]["mem_mb"]) == (720, 64000)
+    assert "'input.size_mb * 2' before the DAG" in unread["grade"]
+    assert unread["default"] == "no cpus_per_task in default-resources"
+    assert set(sizes) == set(profile["set-resources"]) - {"grade", "grade_sweep_step"}  # one YAML anchor; each sets its CPUs
+
+
+def test_the_canarys_preflight_reads_the_profile_as_snakemake_parsed_it(tmp_path):
+    """In a Slurm run the Snakefile hands the preflight the profile Snakemake parsed (Resource
+    objects, not text): partitions, GPU types and sizes are the values written, never a repr."""
+    from snakemake.cli import parse_set_resources
+    from snakemake.resources import Resources
+    from snakemake.settings.types import ResourceSettings
+
+    from pwopsd.cluster import Profile
+
+    text = (REPO / "profiles/slurm/profile.yaml").read_text()
+    for placeholder, value in (("CHANGE_ME_ACCOUNT", "acct"), ("CHANGE_ME_CPU_PARTITION", "cpu"),
+                               ("CHANGE_ME_GPU_PARTITION", "gpu"), ("CHANGE_ME_GPU_TYPE", "h100")):
+        text = text.replace(placeholder, value)
+    written = yaml.safe_load(text)
+    settings = ResourceSettings(
+        overwrite_resources=parse_set_resources([f"{r}:{k}={v}" for r, res in written["set-resources"].items()
+                                                 for k, v in res.items()]),
+        default_resources=Resources.parse([f"{k}={v}" for k, v in written["default-resources"].items()],
+                                          allow_expressions=True, defaults="full"))
+    parsed = Profile.from_settings(settings, [])
+    profile = {"default-resources": dict(parsed.defaults), "set-resources": {r: dict(v) for r, v in parsed.per_rule.items()}}
+    assert preflight.gpu_requests(profile, PAPER)[0][1:3] == ("gpu", "h100")
+    assert preflight.job_sizes(profile, PAPER) == preflight.job_sizes(written, PAPER)
 
 
 def test_a_node_local_sync_folder_is_measured_on_the_gpu_node_not_the_login_node(tmp_path, monkeypatch):

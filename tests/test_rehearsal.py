@@ -116,8 +116,10 @@ def test_the_gpu_learning_run_unpacks_the_model_file_and_refuses_any_but_the_pin
     packed.write_bytes(lzma.compress(b"GGUF" + b"\0" * 100))
     with pytest.raises(RehearsalError, match=r"gguf/SmolLM2-135M-Instruct.Q4_1.gguf: 104 bytes, sha256 .* expected 98362432"):
         gpu_check.learning_snapshot(packed, tmp_path / "work")
-    assert (tmp_path / "work" / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf").stat().st_size == 104
+    assert not list((tmp_path / "work" / "gguf").iterdir())  # the wrong file is not kept for the next run
     assert not (tmp_path / "work" / "hub").exists()  # nothing converted, nothing cached
+    with pytest.raises(SystemExit, match="no such file"):
+        gpu_check.learning_snapshot(tmp_path / "missing.gguf", tmp_path / "work")
 
 
 @pytest.mark.network

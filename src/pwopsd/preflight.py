@@ -109,6 +109,15 @@ def partitions(sinfo_text: str) -> dict[str, dict]:
     return out
 
 
+def profile_text(res: dict, key: str) -> str:
+    """A profile value as text: written in profile.yaml, or a Snakemake ``Resource`` (the Snakefile's
+    preflight reads the parsed profile); '' where unset."""
+    from pwopsd.cluster import setting_text
+
+    value = res.get(key)
+    return "" if value is None else setting_text(value)
+
+
 def gpu_requests(profile: dict, cfg: dict) -> list[tuple[str, str, str, int]]:
     """``(rule, partition, gpu_model, gpus)`` of each GPU rule: the most GPUs any model asks for."""
     out = []
@@ -117,7 +126,7 @@ def gpu_requests(profile: dict, cfg: dict) -> list[tuple[str, str, str, int]]:
         if rule in GPU_RULE_STAGE and "gpu_model" in res:
             gpus = max(int(m["gpus"][GPU_RULE_STAGE[rule]]) for m in cfg["models"].values())
             if gpus:
-                out.append((rule, str(res.get("slurm_partition")), str(res["gpu_model"]), gpus))
+                out.append((rule, profile_text(res, "slurm_partition"), profile_text(res, "gpu_model"), gpus))
     return out
 
 
@@ -132,9 +141,9 @@ def slurm_findings(profile: dict, cfg: dict, run=subprocess.run, env: dict | Non
         return [Finding("slurm", False, f"sinfo failed: {' '.join(info.stderr.split())[-300:]}", "SLURM_CONF / the login node")]
     parts = partitions(info.stdout)
     defaults = profile.get("default-resources") or {}
-    used = {str(defaults.get("slurm_partition"))} | {p for _, p, _, _ in gpu_requests(profile, cfg)}
+    used = {profile_text(defaults, "slurm_partition")} | {p for _, p, _, _ in gpu_requests(profile, cfg)}
     out, cap = [], cfg["cluster"]["max_runtime_min"]
-    for name in sorted(p for p in used if PLACEHOLDER not in p and p != "None"):
+    for name in sorted(p for p in used if p and PLACEHOLDER not in p):
         if name not in parts:
             out.append(Finding("partition", False, f"partition {name} does not exist here (sinfo: {', '.join(parts)})",
                                "profiles/slurm/profile.yaml: slurm_partition"))
@@ -143,7 +152,7 @@ def slurm_findings(profile: dict, cfg: dict, run=subprocess.run, env: dict | Non
                                f"cluster.max_runtime_min is {cap}: jobs would be refused or killed", "cluster.max_runtime_min"))
         else:
             out.append(Finding("partition", True, f"{name}: limit {parts[name]['limit_min']:.0f} min >= {cap}"))
-    account = str(defaults.get("slurm_account", ""))
+    account = profile_text(defaults, "slurm_account")
     test = ["sbatch", "--test-only", *(["--account", account] if account and PLACEHOLDER not in account else [])]
 
     def refusal(args: list[str]) -> str:
@@ -167,43 +176,80 @@ def slurm_findings(profile: dict, cfg: dict, run=subprocess.run, env: dict | Non
             out.append(Finding("GRES", True, f"rule {rule}: --gpus={model}:{gpus} accepted in {part}"))
     # Each rule's whole request as its jobs will ask (CPUs, memory, time at the first attempt, and the
     # GPUs sbatch accepted above): a node smaller than the profile's sizes refuses it here, not after
-    # the queue wait of the first job.
-    for rule, size in job_sizes(profile, cfg).items():
-        if PLACEHOLDER in size["partition"] or size["partition"] == "None" or rule in unchecked:
-            continue  # a placeholder, or a GPU request not accepted: named above
+    # the queue wait of the first job. A partition (or account) that refuses a bare 10-minute job is
+    # named once as that, not as every rule's size.
+    sizes, unread = job_sizes(profile, cfg)
+    for rule, why in unread.items():
+        out.append(Finding("job size", False, f"rule {rule}'s request is not checked: {why}", warn=True,
+                           setting=f"profiles/slurm/profile.yaml: {resources_key(rule)}"))
+    refused_partitions: dict[str, str] = {}
+    for part in sorted({size["partition"] for size in sizes.values()}):
+        if PLACEHOLDER in part or (part and part not in parts):
+            continue  # a placeholder or a partition sinfo lacks: named above
+        if said := refusal([*(["-p", part] if part else []), "--time", "10"]):
+            refused_partitions[part] = said
+            out.append(Finding("partition", False, f"sbatch refuses a 10-minute job in partition {part or '(the default)'} "
+                               f"with account {account or '(the default)'}: {said}",
+                               "profiles/slurm/profile.yaml: slurm_partition / slurm_account"))
+    for rule, size in sizes.items():
+        part = size["partition"]
+        if PLACEHOLDER in part or (part and part not in parts) or part in refused_partitions or rule in unchecked:
+            continue  # a placeholder, a partition refused or missing, or a GPU request not accepted: named above
         what = f"{size['cpus']} CPUs, {size['mem_mb']} MB, {size['minutes']} min" + (f", {gres[rule]}" if rule in gres else "")
-        said = refusal(["-p", size["partition"], "--cpus-per-task", str(size["cpus"]), "--mem", f"{size['mem_mb']}M",
+        said = refusal([*(["-p", part] if part else []), "--cpus-per-task", str(size["cpus"]), "--mem", f"{size['mem_mb']}M",
                         "--time", str(size["minutes"]), *([gres[rule]] if rule in gres else [])])
-        where = f"set-resources.{rule}" if rule != "default" else "default-resources"
-        out.append(Finding("job size", not said, f"sbatch refuses rule {rule}'s jobs ({what}) in partition {size['partition']}: "
-                           f"{said}" if said else f"rule {rule}: {what} accepted in {size['partition']}",
-                           f"profiles/slurm/profile.yaml: {where}.cpus_per_task / mem_mb / runtime (the nodes' size)"))
+        where = part or "the default partition"
+        out.append(Finding("job size", not said, f"sbatch refuses rule {rule}'s jobs ({what}) in {where}: {said}" if said
+                           else f"rule {rule}: {what} accepted in {where}",
+                           f"profiles/slurm/profile.yaml: {resources_key(rule)}.cpus_per_task / mem_mb / runtime (the nodes' size)"))
     return out
 
 
-def job_sizes(profile: dict, cfg: dict) -> dict[str, dict]:
+def resources_key(rule: str) -> str:
+    return f"set-resources.{rule}" if rule != "default" else "default-resources"
+
+
+def job_sizes(profile: dict, cfg: dict) -> tuple[dict[str, dict], dict[str, str]]:
     """What each rule of ``set-resources`` (and ``default``: every other rule) asks Slurm for at its
-    first attempt: partition, CPUs, memory (MB) and minutes, from ``default-resources`` under the
-    rule's own values, evaluated as Snakemake evaluates them (:func:`pwopsd.cluster.resource_number`)."""
+    first attempt: partition ('' for the cluster's default), CPUs, memory (MB) and minutes, from
+    ``default-resources`` under the rule's own values. Expressions of ``attempt`` are evaluated as
+    Snakemake evaluates them (:func:`pwopsd.cluster.resource_number`), and human-readable values
+    (``12h``, ``64GB``) as Snakemake parses them (humanfriendly). Also returns, per rule, why its
+    request cannot be read here (a value missing, or an expression of the job's input)."""
     import math
 
     from pwopsd.cluster import resource_number
 
     defaults = profile.get("default-resources") or {}
-    cap = float(cfg["cluster"]["max_runtime_min"] or float("inf"))
-    out = {}
+    cap = float(cfg["cluster"]["max_runtime_min"])
+
+    def number(value, what: str, human) -> float:
+        try:
+            return resource_number(value, 1, cap, what)
+        except ValueError:
+            try:
+                return human(profile_text({"v": value}, "v"))
+            except Exception:  # noqa: BLE001 - the first error says what it needs
+                raise ValueError(f"{what}: cannot read {profile_text({'v': value}, 'v')!r} before the DAG") from None
+
+    import humanfriendly
+
+    out, unread = {}, {}
     for rule, own in {"default": {}, **(profile.get("set-resources") or {})}.items():
         res = {**defaults, **(own or {})}
-        if not all(k in res for k in ("cpus_per_task", "mem_mb", "runtime")):
+        missing = [k for k in ("cpus_per_task", "mem_mb", "runtime") if k not in res]
+        if missing:
+            unread[rule] = f"no {', '.join(missing)} in " + " or ".join(dict.fromkeys([resources_key(rule), "default-resources"]))
             continue
         try:
-            out[rule] = {"partition": str(res.get("slurm_partition")),
-                         "cpus": int(resource_number(res["cpus_per_task"], 1, cap, "CPUs")),
-                         "mem_mb": int(math.ceil(resource_number(res["mem_mb"], 1, cap, "MB"))),
-                         "minutes": int(math.ceil(resource_number(res["runtime"], 1, cap, "minutes")))}
-        except ValueError:
-            continue  # an expression of more than `attempt` (the job's input size): not known before the DAG
-    return out
+            out[rule] = {"partition": profile_text(res, "slurm_partition"),
+                         "cpus": max(1, int(number(res["cpus_per_task"], "CPUs", float))),
+                         "mem_mb": int(math.ceil(number(res["mem_mb"], "MB", lambda t: humanfriendly.parse_size(t) / 1e6))),
+                         "minutes": int(math.ceil(number(res["runtime"], "minutes",
+                                                         lambda t: humanfriendly.parse_timespan(t) / 60)))}
+        except ValueError as exc:
+            unread[rule] = str(exc)
+    return out, unread
 
 
 # -- engines: weights and KV cache ----------------------------------------------------------------
@@ -345,26 +391,28 @@ def gpu_job_findings(profile: dict, cfg: dict, env: dict | None = None, timeout_
     if "train" not in reqs:
         return [Finding("GPU job", False, "no GPU rule with a gpu_model in the profile", "profiles/slurm/profile.yaml")]
     part, model = reqs["train"]
-    account = str((profile.get("default-resources") or {}).get("slurm_account", ""))
+    from pwopsd.cluster import PLACEHOLDER
+
+    account = profile_text(profile.get("default-resources") or {}, "slurm_account")
+    account = "" if PLACEHOLDER in account else account
     out_file = Path.cwd() / f".pwopsd-preflight-node-{os.getpid()}.json"
-    node = f"{sys.executable} -m pwopsd.preflight node --json {out_file}"
+    extras = [Path(str(out_file) + e) for e in (".log", ".config")]
+    node = [sys.executable, "-m", "pwopsd.preflight", "node", "--json", str(out_file)]
     if sync_dir:
-        cfg_file = Path(str(out_file) + ".config")
-        cfg_file.write_text(json.dumps(cfg))
-        node += f" --sync-dir {shlex.quote(sync_dir)} --config-json {cfg_file}"
-    cmd = ["sbatch", "--wait", "-p", part, f"--gpus={model}:1", "--time", "10", "-o", str(out_file) + ".log",
-           *(["--account", account] if account else []), "--wrap", node]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
-    if not out_file.exists():
-        log = Path(str(out_file) + ".log")
-        said = (proc.stderr + (log.read_text() if log.exists() else ""))[-600:]
-        return [Finding("GPU job", False, f"the GPU job wrote nothing (sbatch exit {proc.returncode}): {said}",
-                        "profiles/slurm/profile.yaml: set-resources.train")]
-    found = [Finding(**f) for f in json.loads(out_file.read_text())]
-    out_file.unlink()
-    for extra in (".log", ".config"):
-        Path(str(out_file) + extra).unlink(missing_ok=True)
-    return found
+        extras[1].write_text(json.dumps(cfg))
+        node += ["--sync-dir", sync_dir, "--config-json", str(extras[1])]
+    cmd = ["sbatch", "--wait", "-p", part, f"--gpus={model}:1", "--time", "10", "-o", str(extras[0]),
+           *(["--account", account] if account else []), "--wrap", shlex.join(node)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+        if not out_file.exists():
+            said = (proc.stderr + (extras[0].read_text() if extras[0].exists() else ""))[-600:]
+            return [Finding("GPU job", False, f"the GPU job wrote nothing (sbatch exit {proc.returncode}): {said}",
+                            "profiles/slurm/profile.yaml: set-resources.train")]
+        return [Finding(**f) for f in json.loads(out_file.read_text())]
+    finally:
+        for f in (out_file, *extras):
+            f.unlink(missing_ok=True)
 
 
 def node_main(json_out: str | None, sync_dir: str | None = None, cfg: dict | None = None) -> list[Finding]:
@@ -414,7 +462,7 @@ def cluster_findings(profile: dict, cfg: dict, *, sync_dir: str | None = None, g
     elif not gpu_job:
         found.append(Finding("sync folder", False, f"{folder} is node-local: not measured here (the login node's is another "
                              "disk); python -m pwopsd.preflight --gpu-job measures it on a GPU node",
-                             "--gpu-job, or --sync-dir for a shared folder", warn=True))
+                             "--gpu-job (or training.rollout_sync_dir: a shared folder)", warn=True))
     if gpu_job:
         found += gpu_job_findings(profile, cfg, env=env, sync_dir=folder if node_local else None)
     return found
