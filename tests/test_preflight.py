@@ -166,8 +166,9 @@ def test_each_rules_job_size_is_read_as_snakemake_evaluates_the_profile():
     rule's own values, expressions of ``attempt`` and ``$PWOPSD_MAX_RUNTIME_MIN`` evaluated (the
     figures here are the profile's, read by hand)."""
     profile = yaml.safe_load((REPO / "profiles/slurm/profile.yaml").read_text())
-    capped = {**PAPER, "cluster": {**PAPER["cluster"], "max_runtime_min": 600}}
-    sizes, unread = preflight.job_sizes(profile, capped)
+    from pwopsd.cluster import job_sizes
+
+    sizes, unread = job_sizes(profile, 600)
     assert not unread
     assert sizes["default"] == {"partition": "CHANGE_ME_CPU_PARTITION", "cpus": 2, "mem_mb": 8000, "minutes": 30}
     assert sizes["train"] == {"partition": "CHANGE_ME_GPU_PARTITION", "cpus": 32, "mem_mb": 256000, "minutes": 600}
@@ -178,7 +179,7 @@ def test_each_rules_job_size_is_read_as_snakemake_evaluates_the_profile():
     profile["set-resources"]["train"].update(runtime="12h", mem_mb="64GB")
     profile["set-resources"]["grade"]["mem_mb"] = "input.size_mb * 2"
     del profile["default-resources"]["cpus_per_task"]
-    sizes, unread = preflight.job_sizes(profile, capped)
+    sizes, unread = job_sizes(profile, 600)
     assert (sizes["train"]["minutes"], sizes["train"]["mem_mb"]) == (720, 64000)
     assert "'input.size_mb * 2' before the DAG" in unread["grade"]
     assert unread["default"] == "no cpus_per_task in default-resources"
@@ -192,7 +193,7 @@ def test_the_canarys_preflight_reads_the_profile_as_snakemake_parsed_it(tmp_path
     from snakemake.resources import Resources
     from snakemake.settings.types import ResourceSettings
 
-    from pwopsd.cluster import Profile
+    from pwopsd.cluster import Profile, job_sizes
 
     text = (REPO / "profiles/slurm/profile.yaml").read_text()
     for placeholder, value in (("CHANGE_ME_ACCOUNT", "acct"), ("CHANGE_ME_CPU_PARTITION", "cpu"),
@@ -207,7 +208,8 @@ def test_the_canarys_preflight_reads_the_profile_as_snakemake_parsed_it(tmp_path
     parsed = Profile.from_settings(settings, [])
     profile = {"default-resources": dict(parsed.defaults), "set-resources": {r: dict(v) for r, v in parsed.per_rule.items()}}
     assert preflight.gpu_requests(profile, PAPER)[0][1:3] == ("gpu", "h100")
-    assert preflight.job_sizes(profile, PAPER) == preflight.job_sizes(written, PAPER)
+    cap = PAPER["cluster"]["max_runtime_min"]
+    assert job_sizes(profile, cap) == job_sizes(written, cap)
 
 
 def test_a_node_local_sync_folder_is_measured_on_the_gpu_node_not_the_login_node(tmp_path, monkeypatch):

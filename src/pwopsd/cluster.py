@@ -193,6 +193,58 @@ def runtime_minutes(runtime: Any, attempt: int, max_runtime: float) -> float:
     return resource_number(runtime, attempt, max_runtime, "minutes")
 
 
+def profile_text(res: dict, key: str) -> str:
+    """A profile value as text: written in profile.yaml, or a Snakemake ``Resource`` (the Snakefile's
+    preflight reads the parsed profile); '' where unset."""
+    value = res.get(key)
+    return "" if value is None else setting_text(value)
+
+
+def resources_key(rule: str) -> str:
+    return f"set-resources.{rule}" if rule != "default" else "default-resources"
+
+
+def job_sizes(profile: dict, max_runtime: float) -> tuple[dict[str, dict], dict[str, str]]:
+    """What each rule of ``set-resources`` (and ``default``: every other rule) asks Slurm for at its
+    first attempt: partition ('' for the cluster's default), CPUs, memory (MB) and minutes, from
+    ``default-resources`` under the rule's own values. Expressions of ``attempt`` are evaluated as
+    Snakemake evaluates them (:func:`resource_number`, ``$PWOPSD_MAX_RUNTIME_MIN`` = ``max_runtime``), and human-readable values
+    (``12h``, ``64GB``) as Snakemake parses them (humanfriendly). Also returns, per rule, why its
+    request cannot be read here (a value missing, or an expression of the job's input)."""
+    import math
+
+    import humanfriendly
+
+    defaults = profile.get("default-resources") or {}
+    cap = float(max_runtime)
+
+    def number(value, what: str, human) -> float:
+        try:
+            return resource_number(value, 1, cap, what)
+        except ValueError:
+            try:
+                return human(profile_text({"v": value}, "v"))
+            except Exception:  # noqa: BLE001 - the first error says what it needs
+                raise ValueError(f"{what}: cannot read {profile_text({'v': value}, 'v')!r} before the DAG") from None
+
+    out, unread = {}, {}
+    for rule, own in {"default": {}, **(profile.get("set-resources") or {})}.items():
+        res = {**defaults, **(own or {})}
+        missing = [k for k in ("cpus_per_task", "mem_mb", "runtime") if k not in res]
+        if missing:
+            unread[rule] = f"no {', '.join(missing)} in " + " or ".join(dict.fromkeys([resources_key(rule), "default-resources"]))
+            continue
+        try:
+            out[rule] = {"partition": profile_text(res, "slurm_partition"),
+                         "cpus": max(1, int(number(res["cpus_per_task"], "CPUs", float))),
+                         "mem_mb": int(math.ceil(number(res["mem_mb"], "MB", lambda t: humanfriendly.parse_size(t) / 1e6))),
+                         "minutes": int(math.ceil(number(res["runtime"], "minutes",
+                                                         lambda t: humanfriendly.parse_timespan(t) / 60)))}
+        except ValueError as exc:
+            unread[rule] = str(exc)
+    return out, unread
+
+
 @dataclass(frozen=True)
 class RuleLimits:
     """What the profile gives one rule's jobs: the runtime expression (minutes, of ``attempt``), the

@@ -38,6 +38,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pwopsd.cluster import job_sizes, profile_text, resources_key
+
 REPO = Path(__file__).resolve().parents[2]
 GPU_RULE_STAGE = {"generate": "generate", "generate_sweep_step": "generate", "spines": "generate",
                   "forced_continuation": "generate", "train": "train", "teacher_pass": "forward", "mc_dropout": "forward"}
@@ -109,15 +111,6 @@ def partitions(sinfo_text: str) -> dict[str, dict]:
     return out
 
 
-def profile_text(res: dict, key: str) -> str:
-    """A profile value as text: written in profile.yaml, or a Snakemake ``Resource`` (the Snakefile's
-    preflight reads the parsed profile); '' where unset."""
-    from pwopsd.cluster import setting_text
-
-    value = res.get(key)
-    return "" if value is None else setting_text(value)
-
-
 def gpu_requests(profile: dict, cfg: dict) -> list[tuple[str, str, str, int]]:
     """``(rule, partition, gpu_model, gpus)`` of each GPU rule: the most GPUs any model asks for."""
     out = []
@@ -178,7 +171,7 @@ def slurm_findings(profile: dict, cfg: dict, run=subprocess.run, env: dict | Non
     # GPUs sbatch accepted above): a node smaller than the profile's sizes refuses it here, not after
     # the queue wait of the first job. A partition (or account) that refuses a bare 10-minute job is
     # named once as that, not as every rule's size.
-    sizes, unread = job_sizes(profile, cfg)
+    sizes, unread = job_sizes(profile, cfg["cluster"]["max_runtime_min"])
     for rule, why in unread.items():
         out.append(Finding("job size", False, f"rule {rule}'s request is not checked: {why}", warn=True,
                            setting=f"profiles/slurm/profile.yaml: {resources_key(rule)}"))
@@ -203,53 +196,6 @@ def slurm_findings(profile: dict, cfg: dict, run=subprocess.run, env: dict | Non
                            else f"rule {rule}: {what} accepted in {where}",
                            f"profiles/slurm/profile.yaml: {resources_key(rule)}.cpus_per_task / mem_mb / runtime (the nodes' size)"))
     return out
-
-
-def resources_key(rule: str) -> str:
-    return f"set-resources.{rule}" if rule != "default" else "default-resources"
-
-
-def job_sizes(profile: dict, cfg: dict) -> tuple[dict[str, dict], dict[str, str]]:
-    """What each rule of ``set-resources`` (and ``default``: every other rule) asks Slurm for at its
-    first attempt: partition ('' for the cluster's default), CPUs, memory (MB) and minutes, from
-    ``default-resources`` under the rule's own values. Expressions of ``attempt`` are evaluated as
-    Snakemake evaluates them (:func:`pwopsd.cluster.resource_number`), and human-readable values
-    (``12h``, ``64GB``) as Snakemake parses them (humanfriendly). Also returns, per rule, why its
-    request cannot be read here (a value missing, or an expression of the job's input)."""
-    import math
-
-    from pwopsd.cluster import resource_number
-
-    defaults = profile.get("default-resources") or {}
-    cap = float(cfg["cluster"]["max_runtime_min"])
-
-    def number(value, what: str, human) -> float:
-        try:
-            return resource_number(value, 1, cap, what)
-        except ValueError:
-            try:
-                return human(profile_text({"v": value}, "v"))
-            except Exception:  # noqa: BLE001 - the first error says what it needs
-                raise ValueError(f"{what}: cannot read {profile_text({'v': value}, 'v')!r} before the DAG") from None
-
-    import humanfriendly
-
-    out, unread = {}, {}
-    for rule, own in {"default": {}, **(profile.get("set-resources") or {})}.items():
-        res = {**defaults, **(own or {})}
-        missing = [k for k in ("cpus_per_task", "mem_mb", "runtime") if k not in res]
-        if missing:
-            unread[rule] = f"no {', '.join(missing)} in " + " or ".join(dict.fromkeys([resources_key(rule), "default-resources"]))
-            continue
-        try:
-            out[rule] = {"partition": profile_text(res, "slurm_partition"),
-                         "cpus": max(1, int(number(res["cpus_per_task"], "CPUs", float))),
-                         "mem_mb": int(math.ceil(number(res["mem_mb"], "MB", lambda t: humanfriendly.parse_size(t) / 1e6))),
-                         "minutes": int(math.ceil(number(res["runtime"], "minutes",
-                                                         lambda t: humanfriendly.parse_timespan(t) / 60)))}
-        except ValueError as exc:
-            unread[rule] = str(exc)
-    return out, unread
 
 
 # -- engines: weights and KV cache ----------------------------------------------------------------
