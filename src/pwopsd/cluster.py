@@ -223,9 +223,9 @@ def job_sizes(profile: dict, max_runtime: float) -> tuple[dict[str, dict], dict[
             return resource_number(value, 1, cap, what)
         except ValueError:
             try:
-                return human(profile_text({"v": value}, "v"))
+                return human(setting_text(value))
             except Exception:  # noqa: BLE001 - the first error says what it needs
-                raise ValueError(f"{what}: cannot read {profile_text({'v': value}, 'v')!r} before the DAG") from None
+                raise ValueError(f"{what}: cannot read {setting_text(value)!r} before the DAG") from None
 
     out, unread = {}, {}
     for rule, own in {"default": {}, **(profile.get("set-resources") or {})}.items():

@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pwopsd.cluster import job_sizes, profile_text, resources_key
+from pwopsd.cluster import PLACEHOLDER, job_sizes, profile_text, resources_key
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_RULE_STAGE = {"generate": "generate", "generate_sweep_step": "generate", "spines": "generate",
@@ -111,6 +111,12 @@ def partitions(sinfo_text: str) -> dict[str, dict]:
     return out
 
 
+def profile_account(profile: dict) -> str:
+    """The account jobs are charged to ('' where unset or still a placeholder: Slurm's default)."""
+    account = profile_text(profile.get("default-resources") or {}, "slurm_account")
+    return "" if PLACEHOLDER in account else account
+
+
 def gpu_requests(profile: dict, cfg: dict) -> list[tuple[str, str, str, int]]:
     """``(rule, partition, gpu_model, gpus)`` of each GPU rule: the most GPUs any model asks for."""
     out = []
@@ -125,8 +131,6 @@ def gpu_requests(profile: dict, cfg: dict) -> list[tuple[str, str, str, int]]:
 
 def slurm_findings(profile: dict, cfg: dict, run=subprocess.run, env: dict | None = None) -> list[Finding]:
     """Partitions, their time limits, and sbatch's answer to each GPU request (``--test-only``)."""
-    from pwopsd.cluster import PLACEHOLDER
-
     if not shutil.which("sbatch", path=(env or os.environ).get("PATH")):
         return [Finding("slurm", False, "no sbatch on this node: run the preflight on a login node of the cluster", "PATH")]
     info = run(["sinfo", "-h", "-o", "%P|%l|%G"], capture_output=True, text=True, env=env)
@@ -145,8 +149,8 @@ def slurm_findings(profile: dict, cfg: dict, run=subprocess.run, env: dict | Non
                                f"cluster.max_runtime_min is {cap}: jobs would be refused or killed", "cluster.max_runtime_min"))
         else:
             out.append(Finding("partition", True, f"{name}: limit {parts[name]['limit_min']:.0f} min >= {cap}"))
-    account = profile_text(defaults, "slurm_account")
-    test = ["sbatch", "--test-only", *(["--account", account] if account and PLACEHOLDER not in account else [])]
+    account = profile_account(profile)
+    test = ["sbatch", "--test-only", *(["--account", account] if account else [])]
 
     def refusal(args: list[str]) -> str:
         proc = run([*test, *args, "--wrap", "true"], capture_output=True, text=True, env=env)
@@ -175,10 +179,13 @@ def slurm_findings(profile: dict, cfg: dict, run=subprocess.run, env: dict | Non
     for rule, why in unread.items():
         out.append(Finding("job size", False, f"rule {rule}'s request is not checked: {why}", warn=True,
                            setting=f"profiles/slurm/profile.yaml: {resources_key(rule)}"))
+    def named_above(part: str) -> bool:  # a placeholder, or a partition sinfo lacks
+        return PLACEHOLDER in part or bool(part) and part not in parts
+
     refused_partitions: dict[str, str] = {}
     for part in sorted({size["partition"] for size in sizes.values()}):
-        if PLACEHOLDER in part or (part and part not in parts):
-            continue  # a placeholder or a partition sinfo lacks: named above
+        if named_above(part):
+            continue
         if said := refusal([*(["-p", part] if part else []), "--time", "10"]):
             refused_partitions[part] = said
             out.append(Finding("partition", False, f"sbatch refuses a 10-minute job in partition {part or '(the default)'} "
@@ -186,8 +193,8 @@ def slurm_findings(profile: dict, cfg: dict, run=subprocess.run, env: dict | Non
                                "profiles/slurm/profile.yaml: slurm_partition / slurm_account"))
     for rule, size in sizes.items():
         part = size["partition"]
-        if PLACEHOLDER in part or (part and part not in parts) or part in refused_partitions or rule in unchecked:
-            continue  # a placeholder, a partition refused or missing, or a GPU request not accepted: named above
+        if named_above(part) or part in refused_partitions or rule in unchecked:
+            continue  # its partition, or its GPU request, is named above
         what = f"{size['cpus']} CPUs, {size['mem_mb']} MB, {size['minutes']} min" + (f", {gres[rule]}" if rule in gres else "")
         said = refusal([*(["-p", part] if part else []), "--cpus-per-task", str(size["cpus"]), "--mem", f"{size['mem_mb']}M",
                         "--time", str(size["minutes"]), *([gres[rule]] if rule in gres else [])])
@@ -337,10 +344,7 @@ def gpu_job_findings(profile: dict, cfg: dict, env: dict | None = None, timeout_
     if "train" not in reqs:
         return [Finding("GPU job", False, "no GPU rule with a gpu_model in the profile", "profiles/slurm/profile.yaml")]
     part, model = reqs["train"]
-    from pwopsd.cluster import PLACEHOLDER
-
-    account = profile_text(profile.get("default-resources") or {}, "slurm_account")
-    account = "" if PLACEHOLDER in account else account
+    account = profile_account(profile)
     out_file = Path.cwd() / f".pwopsd-preflight-node-{os.getpid()}.json"
     extras = [Path(str(out_file) + e) for e in (".log", ".config")]
     node = [sys.executable, "-m", "pwopsd.preflight", "node", "--json", str(out_file)]

