@@ -7,7 +7,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import PAPER_MODELS, REPO
 from pwopsd.config import ConfigError, load_config, sampling_seed, seed_names, validate_config
 
 
@@ -19,7 +19,7 @@ def paper():
 
 def test_shipped_configs_validate_and_fill_defaults():
     paper = load_config(REPO / "config" / "config.yaml")
-    assert list(paper["models"]) == ["qwen3_4b", "dsr1_llama_8b", "olmo3_7b_think"]
+    assert tuple(m for m in paper["models"] if m in PAPER_MODELS) == PAPER_MODELS  # beside any a user adds
     assert paper["evaluation"]["min_p"] == 0.0  # default filled
     assert paper["hub"]["cache_dir"] is None
     tiny = load_config(REPO / "tiny" / "config" / "config.yaml")
@@ -141,6 +141,15 @@ def test_a_model_trained_for_a_table_has_its_batch_checked_too(paper):
     bad["training"]["models"] = ["qwen3_4b"]
     bad["models"]["dsr1_llama_8b"]["train"]["gradient_accumulation_steps"] *= 2  # Table 4 trains it
     with pytest.raises(ConfigError, match=r"models.dsr1_llama_8b.train: .* but training.effective_batch is 32"):
+        validate_config(bad)
+
+
+def test_a_typo_in_training_models_is_named_not_a_traceback(paper):
+    """An unknown name in training.models is one problem naming its key (the batch check of every
+    trained model read the entry and stopped with a KeyError before)."""
+    bad = copy.deepcopy(paper)
+    bad["training"]["models"] = ["qwen3_4b", "qwen3_17b"]
+    with pytest.raises(ConfigError, match=r"training.models.1: 'qwen3_17b' is not a configured model"):
         validate_config(bad)
 
 
@@ -315,7 +324,7 @@ def test_the_paper_trains_with_a_colocated_vllm_rollout_engine_per_model_memory_
     from pwopsd.config import training_config
 
     cfg = load_config(REPO / "config" / "config.yaml")
-    fractions = {m: training_config(cfg, m, "opsd")["rollout_engine"]["gpu_memory_utilization"] for m in cfg["models"]}
+    fractions = {m: training_config(cfg, m, "opsd")["rollout_engine"]["gpu_memory_utilization"] for m in PAPER_MODELS}
     assert fractions == {"qwen3_4b": 0.4, "dsr1_llama_8b": 0.30, "olmo3_7b_think": 0.55}
     assert training_config(cfg, "qwen3_4b", "opsd")["rollout_backend"] == "vllm"
     tiny = load_config(REPO / "tiny" / "config" / "config.yaml")
@@ -401,6 +410,19 @@ def test_snakemake_command_line_overrides_are_typed(tmp_path):
     assert bad.returncode != 0 and "evaluation.n: 'three' is not of type 'integer'" in out and "Traceback" not in out, out
 
 
+def test_null_on_the_command_line_removes_an_entry_as_in_an_overlay_file(paper):
+    """``--config 'benchmarks={hmmt_feb2025: null}'`` removes the benchmark, as null does in an
+    overlay file (config/README.md); it reached the schema as the string 'null' and stopped the run."""
+    from pwopsd.config import merge_configs, typed_overrides
+
+    given = {"benchmarks": {"hmmt_feb2025": "null"}, "models": {"olmo3_7b_think": "~"}}
+    typed = typed_overrides(merge_configs(paper, given), given)
+    assert typed == {"benchmarks": {"hmmt_feb2025": None}, "models": {"olmo3_7b_think": None}}
+    cfg = validate_config(merge_configs(paper, typed))
+    assert "hmmt_feb2025" not in cfg["benchmarks"] and "olmo3_7b_think" not in cfg["models"]
+    assert typed_overrides(paper, {"evaluation": {"backend": "null"}}) == {"evaluation": {"backend": "null"}}  # elsewhere: the schema's
+
+
 def test_the_config_package_imports_nothing_above_it():
     """pwopsd.config is read by every other part of the package; it imports none of them (the loss
     registry reads the schema's defaults from here, not the other way round)."""
@@ -436,7 +458,7 @@ def test_an_overlay_removes_entries_with_null_and_moves_a_source_to_another_kind
                                                  "tables": {"ablation": {"benchmark": "aime2025"}}}))
     assert "aime2024" not in cfg["benchmarks"] and "aime2024" not in cfg["diagnostic"]["datasets"]
     rehearsal = load_config_files([REPO / "config" / "config.yaml", REPO / "config" / "rehearsal.yaml"])
-    assert list(rehearsal["models"]) == ["smollm2_135m"]
+    assert "smollm2_135m" in rehearsal["models"] and not set(PAPER_MODELS) & set(rehearsal["models"])
     assert list(rehearsal["benchmarks"]) == ["math500", "arith_oneshot"]
     # every paper setting the rehearsal keeps, as the paper sets it
     assert rehearsal["models"]["smollm2_135m"]["dtype"] == "bfloat16"
@@ -475,6 +497,25 @@ def test_dotted_overrides_nest_and_type_a_benchmarks_settings():
         dotted_overrides(["training.lr"], cfg)
 
 
+def test_a_model_added_to_the_paper_config_stays_out_of_the_rehearsal_and_the_learning_run(paper, tmp_path):
+    """A model is added by an entry in config/config.yaml alone (docs/extending.md): the CPU overlays
+    name what they run (SmolLM2), so the new entry is neither trained, evaluated, diagnosed nor shown
+    there (it stopped both overlays with its batch of 32 against their effective batch of 2)."""
+    from pwopsd.config import load_config_files
+    from pwopsd.config.design import table_methods, trained_models
+
+    added = copy.deepcopy(paper)
+    added["models"]["qwen3_1_7b"] = {**copy.deepcopy(paper["models"]["qwen3_4b"]), "hf_id": "Qwen/Qwen3-1.7B",
+                                     "revision": "0123456789abcdef0123456789abcdef01234567", "size_b": 1.7}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(added, sort_keys=False))
+    assert "qwen3_1_7b" in trained_models(validate_config(copy.deepcopy(added)))  # the paper trains it
+    for overlays in (["rehearsal.yaml"], ["rehearsal.yaml", "learning.yaml"]):
+        cfg = load_config_files([tmp_path / "config.yaml", *(REPO / "config" / n for n in overlays)])
+        shown = {model for rows in table_methods(cfg).values() for model, _ in rows}
+        assert trained_models(cfg) == ["smollm2_135m"] and shown == {"smollm2_135m"}, overlays
+        assert cfg["evaluation"]["models"] == cfg["diagnostic"]["models"] == ["smollm2_135m"], overlays
+
+
 def test_the_learning_overlay_trains_apart_from_its_evaluation_and_has_both_controls():
     """config/learning.yaml (issue 53) over the paper config and the rehearsal: SmolLM2 only, its
     corpus holds out the evaluation's problems and quotes its solutions in the model's own layout, the
@@ -484,7 +525,8 @@ def test_the_learning_overlay_trains_apart_from_its_evaluation_and_has_both_cont
     from pwopsd.config.design import method_runs
 
     cfg = load_config_files([REPO / "config" / n for n in ("config.yaml", "rehearsal.yaml", "learning.yaml")])
-    assert list(cfg["models"]) == ["smollm2_135m"] and list(cfg["benchmarks"]) == ["arith_oneshot"]
+    assert "smollm2_135m" in cfg["models"] and not set(PAPER_MODELS) & set(cfg["models"])
+    assert list(cfg["benchmarks"]) == ["arith_oneshot"]
     bench = cfg["benchmarks"]["arith_oneshot"]["source"]
     held = cfg["train_corpus"]["source"]["held_out"]
     assert [{k: h[k] for k in ("n", "levels", "seed")} for h in held] == [{k: bench[k] for k in ("n", "levels", "seed")}]

@@ -77,6 +77,29 @@ def test_cross_model_table_bolds_within_model():
     assert "\\mathbf{10.00" not in tex
 
 
+def test_a_name_without_a_label_is_printed_as_latex_text():
+    """A model, method or benchmark the config gives no label is printed by its name, its
+    underscores escaped (a bare one stops pdflatex: "Missing $ inserted"); a label is printed as given."""
+    from pwopsd.report.tables import render_table, shown_name, significance_table
+
+    assert shown_name({}, "qwen3_1_7b") == r"qwen3\_1\_7b" and shown_name({"a_b": "A_{1}$"}, "a_b") == "A_{1}$"
+    recs = [{"model": m, "checkpoint": c, "benchmark": b, "metric": "avg", "mean": 40.0, "std": 0.1}
+            for m in ("qwen3_4b", "qwen3_1_7b") for c in ("opsd", "pwopsd_moderate") for b in ("math500", "arith_l1", "mean")]
+    spec = {"kind": "cross_model", "models": ["qwen3_4b", "qwen3_1_7b"], "methods": ["opsd", "pwopsd_moderate"],
+            "methods_config": {"opsd": {"label": "OPSD"}}, "model_labels": {"qwen3_4b": "Qwen3-4B"},
+            "benchmark_labels": {"math500": "MATH-500"}, "n": 12, "caption": "c"}
+    tex = render_table(pd.DataFrame(recs), spec, benchmarks=["math500", "arith_l1"])
+    sig = significance_table(pd.DataFrame([{"metric": "avg", "model": "qwen3_1_7b", "method": "pwopsd_moderate",
+                                            "baseline": "opsd_x", "benchmark": "arith_l1", "delta": 1.0, "low": 0.5,
+                                            "high": 1.5, "p_holm": 0.02, "runs": 1}]),
+                             metric_labels={}, method_labels={"pwopsd_moderate": "PW-OPSD"}, model_labels={},
+                             benchmark_labels={}, level=0.95, n=12, label="tab:s")
+    for text in (tex, sig):
+        assert not re.search(r"(?<!\\)_", text), [ln for ln in text.splitlines() if "_" in ln]
+    assert "qwen3\\_1\\_7b" in tex and "Qwen3-4B" in tex and "PW-OPSD" not in tex and "pwopsd\\_moderate" in tex
+    assert "arith\\_l1" in tex and "MATH-500" in tex and "opsd\\_x" in sig
+
+
 def test_ablation_table():
     recs = [{"model": "m", "checkpoint": c, "benchmark": "aime2024", "metric": "avg", "mean": v, "std": 0.5}
             for c, v in (("opsd", 75.19), ("uniform_perseq", 74.72), ("posw_global", 74.54), ("pwopsd_moderate", 76.20))]

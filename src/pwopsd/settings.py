@@ -228,8 +228,8 @@ def diagnostic_datasets(cfg: dict, wc=None) -> list[str]:
 
 
 def diagnostic_model_label(cfg: dict, wc=None) -> str:
-    model = C.diagnostic_model(cfg)
-    return cfg.get("tables", {}).get("model_labels", {}).get(model, model)
+    model = C.diagnostic_model(cfg)  # with no label, the name as LaTeX text (pwopsd.report.tables.latex_name)
+    return cfg.get("tables", {}).get("model_labels", {}).get(model) or model.replace("_", r"\_")
 
 
 # -- execution settings (not params) -----------------------------------------------------------

@@ -133,8 +133,20 @@ def typed_overrides(config: dict, overrides: dict, schema: dict | None = None) -
     ``config`` (the config files merged with them, as Snakemake hands it over) decides which
     branch of the schema applies (a method's loss). Merged into ``config`` they replace the
     untyped values; only command-line values change (a quoted string in a config file stays one)."""
+    from pwopsd.config.validation import removable_sections
+
     schema = schema or load_schema()
-    return _typed(dict(overrides), [schema], config, schema)
+    typed = _typed(dict(overrides), [schema], config, schema)
+    # `--config 'benchmarks={hmmt_feb2025: null}'` removes the entry, as null in an overlay file does
+    # (the schema has no null there, so the value would stay the string 'null')
+    for entries in removable_sections(typed):
+        for name, value in entries.items():
+            if isinstance(value, str) and value in _readings_of_null:
+                entries[name] = None
+    return typed
+
+
+_readings_of_null = {"null", "Null", "NULL", "~"}
 
 
 def dotted_overrides(pairs: list[str], config: dict) -> dict:

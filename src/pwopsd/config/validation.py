@@ -105,7 +105,8 @@ def _semantic_problems(cfg: dict) -> list[str]:
                             f"before a completion of training.max_completion_length={tr['max_completion_length']} tokens")
         # every model a run is trained for: training.models' (train_all) and the tables' rows
         table_models = {mo for rows in table_methods(cfg).values() for mo, _ in rows if mo in cfg["models"]}
-        for name in [*trained_models(cfg), *sorted(table_models - set(trained_models(cfg)))]:
+        trained = [mo for mo in trained_models(cfg) if mo in cfg["models"]]  # an unknown name is reported above
+        for name in [*trained, *sorted(table_models - set(trained))]:
             m = cfg["models"][name]
             world = m["train"]["per_device_batch_size"] * m["train"]["gradient_accumulation_steps"] * max(1, m["gpus"]["train"])
             if world != tr["effective_batch"]:
@@ -233,15 +234,21 @@ def _fitted_schedule_problems(cfg: dict) -> list[str]:
 REMOVABLE_SECTIONS = (("models",), ("benchmarks",), ("diagnostic", "datasets"))
 
 
-def drop_removed_entries(cfg: dict) -> None:
-    """Remove the entries of :data:`REMOVABLE_SECTIONS` an overlay set to null (in place)."""
+def removable_sections(cfg: dict):
+    """The mappings of :data:`REMOVABLE_SECTIONS` that ``cfg`` holds."""
     for path in REMOVABLE_SECTIONS:
         entries = cfg
         for key in path:
             entries = entries.get(key) if isinstance(entries, dict) else None
         if isinstance(entries, dict):
-            for name in [k for k, v in entries.items() if v is None]:
-                del entries[name]
+            yield entries
+
+
+def drop_removed_entries(cfg: dict) -> None:
+    """Remove the entries of :data:`REMOVABLE_SECTIONS` an overlay set to null (in place)."""
+    for entries in removable_sections(cfg):
+        for name in [k for k, v in entries.items() if v is None]:
+            del entries[name]
 
 
 def validate_config(config: dict, schema: dict | None = None) -> dict:

@@ -28,6 +28,17 @@ import pandas as pd
 METRIC_HEADERS = {"pass": "Pass@{n}", "avg": "Avg@{n}", "maj": "Maj@{n}", "maj_string": "Maj-str@{n}", "format_rate": "Format"}
 
 
+def latex_name(name: str) -> str:
+    """A config name (model, method, benchmark) as LaTeX text: where no label is configured the
+    tables print the name, and an underscore outside math mode stops LaTeX ("Missing $ inserted")."""
+    return str(name).replace("_", r"\_")
+
+
+def shown_name(labels: dict[str, str], name: str, default: str | None = None) -> str:
+    """``name``'s configured label, else ``default``, else the name as LaTeX text."""
+    return labels.get(name) or default or latex_name(name)
+
+
 def cell(mean: float | None, std: float | None, bold: bool = False, digits: int = 2) -> str:
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return "--"
@@ -141,18 +152,18 @@ def ablation_table(summary, *, model: str, cells: Sequence[tuple[str, str]], ben
 
 
 def _label(spec: dict, method: str) -> str:
-    return spec["methods_config"].get(method, {}).get("label", method)
+    return spec["methods_config"].get(method, {}).get("label") or latex_name(method)
 
 
 def render_table(summary, spec: dict, benchmarks: Sequence[str]) -> str:
     """The table described by a ``tables.<kind>`` config entry (as assembled by the workflow)."""
-    bl = [(b, spec["benchmark_labels"].get(b, b)) for b in benchmarks]
+    bl = [(b, shown_name(spec["benchmark_labels"], b)) for b in benchmarks]
     n = spec.get("n", 12)
     kind = spec["kind"]
     if kind in ("main", "schedules", "baselines"):
         model = spec["model"]
         rows = [(m, _label(spec, m)) for m in spec["methods"]]
-        mlabel = spec["model_labels"].get(model, model)
+        mlabel = shown_name(spec["model_labels"], model)
         across = across_seeds(summary, model, rows)
         if kind in ("main", "baselines"):
             caption = (f"{mlabel} results. Entries report mean $\\pm$ standard deviation across {across}. "
@@ -168,7 +179,7 @@ def render_table(summary, spec: dict, benchmarks: Sequence[str]) -> str:
                                       label="tab:pwopsd-ablation", group_rule="\\cmidrule(l){2-5}", first_header="Config",
                                       bold_within=0.0)
     if kind == "cross_model":
-        models = [(m, spec["model_labels"].get(m, m)) for m in spec["models"]]
+        models = [(m, shown_name(spec["model_labels"], m)) for m in spec["models"]]
         caption = ("Cross-model Avg@" + str(n) + " of the methods. Entries report mean $\\pm$ across-seed sample standard "
                    "deviation; the Avg@" + str(n) + " column is the equal-weight mean across the benchmarks, computed from "
                    "unrounded seed-level values. Bold marks the within-model winner in each numeric column, including "
@@ -177,12 +188,12 @@ def render_table(summary, spec: dict, benchmarks: Sequence[str]) -> str:
                                  benchmarks=bl, n=n, caption=caption, label="tab:cross-model")
     if kind == "ablation":
         b = spec["benchmark"]
-        caption = (f"$2\\times2$ ablation on {spec['model_labels'].get(spec['model'], spec['model'])} "
-                   f"{spec['benchmark_labels'].get(b, b)}: reduction by positioning. Avg@{n} mean $\\pm$ sample standard "
+        caption = (f"$2\\times2$ ablation on {shown_name(spec['model_labels'], spec['model'])} "
+                   f"{shown_name(spec['benchmark_labels'], b)}: reduction by positioning. Avg@{n} mean $\\pm$ sample standard "
                    f"deviation across {across_seeds(summary, spec['model'], [(c['method'], c['label']) for c in spec['cells']])}. "
                    "Bold marks the column maximum.")
         return ablation_table(summary, model=spec["model"], cells=[(c["method"], c["label"]) for c in spec["cells"]],
-                              benchmark=(b, spec["benchmark_labels"].get(b, b)), n=n, caption=caption,
+                              benchmark=(b, shown_name(spec["benchmark_labels"], b)), n=n, caption=caption,
                               label="tab:reduction-ablation")
     raise ValueError(f"unknown table kind {kind!r}")
 
@@ -238,7 +249,7 @@ def _run_variance_note(frame, method_labels: dict[str, str]) -> str:
     if single.empty:
         return ""
     which = "every row" if len(single) == len(frame) else "rows of " + ", ".join(
-        method_labels.get(m, m) for m in dict.fromkeys(single["method"]))
+        shown_name(method_labels, m) for m in dict.fromkeys(single["method"]))
     return (f" In {which} each method has one training run: neither the interval nor $p$ includes training-seed "
             "variance (\\texttt{python -m pwopsd.power} tells how many runs a gain needs).")
 
@@ -249,9 +260,9 @@ def significance_table(frame, *, metric_labels: dict[str, str], method_labels: d
     metric a block of rows (model, method), per benchmark (and the mean column) Δ in points, its
     interval and the Holm-adjusted p; Δ in bold where that p is below ``alpha``."""
     benchmarks = list(dict.fromkeys(frame["benchmark"]))
-    baseline = ", ".join(sorted({method_labels.get(b, b) for b in frame["baseline"]}))
+    baseline = ", ".join(sorted({shown_name(method_labels, b) for b in frame["baseline"]}))
     models = list(dict.fromkeys(frame["model"]))
-    body = ["Metric & Model & Method & " + " & ".join(benchmark_labels.get(b, "Mean" if b == "mean" else b) for b in benchmarks)
+    body = ["Metric & Model & Method & " + " & ".join(shown_name(benchmark_labels, b, "Mean" if b == "mean" else None) for b in benchmarks)
             + " \\\\", "\\midrule"]
     for i, metric in enumerate(dict.fromkeys(frame["metric"])):
         if i:
@@ -269,8 +280,8 @@ def significance_table(frame, *, metric_labels: dict[str, str], method_labels: d
                     delta = _signed(r["delta"])
                     delta = f"\\textbf{{{delta}}}" if r["p_holm"] < alpha else delta
                     cells.append(f"{delta} {{\\scriptsize [{r['low']:.2f}, {r['high']:.2f}] $p$={r['p_holm']:.2g}}}")
-                body.append(f"{metric_labels.get(metric, metric)}@{n} & {model_labels.get(model, model)} & "
-                            f"{method_labels.get(method, method)} & " + " & ".join(cells) + " \\\\")
+                body.append(f"{metric_labels.get(metric, metric)}@{n} & {shown_name(model_labels, model)} & "
+                            f"{shown_name(method_labels, method)} & " + " & ".join(cells) + " \\\\")
     caption = (f"Each method minus {baseline}, in points, paired by problem: {int(level * 100)}\\% interval and "
                "two-sided $p$ of one mixed model (problems paired; a method's effect per problem and a training run's "
                "level random; Satterthwaite degrees of freedom), $p$ Holm-adjusted over each metric's comparisons; bold: "
@@ -302,8 +313,8 @@ def sweep_table(frame, *, method_labels: dict[str, str], level: float, n: int, l
             cells.append(cell)
         first = rows.iloc[0]
         cells += [str(int(first["best_step"])), "yes" if first["rank_holds"] else "no"]
-        body.append(f"{method_labels.get(method, method)} & " + " & ".join(cells) + " \\\\")
-    baseline = method_labels.get(data["baseline"].iloc[0], data["baseline"].iloc[0])
+        body.append(f"{shown_name(method_labels, method)} & " + " & ".join(cells) + " \\\\")
+    baseline = shown_name(method_labels, data["baseline"].iloc[0])
     column = "the mean column" if benchmark == "mean" else benchmark
     seeds = data.groupby("eval_step")["eval_seeds"].min()
     fewer = (f" The swept steps are evaluated with {int(seeds[False])} eval seed{'s' if seeds[False] > 1 else ''} "
