@@ -53,6 +53,17 @@ def test_runs_are_configured_and_tables_select_among_them(paper):
     assert settings.curve_runs(paper, W(model="dsr1_llama_8b")) == ["opsd", "pwopsd_moderate"]
 
 
+def test_a_comparison_hands_the_tables_configured_labels_only(paper):
+    """An unlabelled method reaches the significance and sweep tables without a label, so that they
+    print its name LaTeX-escaped (pwopsd.report.tables.shown_name), not as a label taken verbatim."""
+    import copy
+
+    cfg = copy.deepcopy(paper)
+    del cfg["methods"]["opsd"]["label"]
+    labels = settings.significance_spec(cfg, W(table="main_4b"))["method_labels"]
+    assert "opsd" not in labels and labels["pwopsd_moderate"] == paper["methods"]["pwopsd_moderate"]["label"]
+
+
 def test_figure_and_table_params(paper):
     sched = settings.schedules(paper)
     assert list(sched) == ["pwopsd_mild", "pwopsd_moderate", "pwopsd_sharp", "pwopsd_aggressive", "pwopsd_fitted"]

@@ -173,7 +173,8 @@ def _comparison_spec(cfg: dict, comparisons: list) -> dict:
     names = {n for _, me, base in comparisons for n in (me, base)}
     return {"comparisons": [list(c) for c in comparisons], "benchmarks": benchmarks(cfg),
             "metrics": list(sig["metrics"]), "level": sig["level"], "n": cfg["evaluation"]["n"],
-            "method_labels": {n: methods[n].get("label", n) for n in sorted(names)},
+            # configured labels only: the tables print an unlabelled method's name LaTeX-escaped
+            "method_labels": {n: methods[n]["label"] for n in sorted(names) if "label" in methods[n]},
             "runs": {n: C.method_runs(cfg, n) for n in sorted(names)},
             "benchmark_labels": tables.get("benchmark_labels", {}), "model_labels": tables.get("model_labels", {})}
 
