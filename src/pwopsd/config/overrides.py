@@ -141,12 +141,9 @@ def typed_overrides(config: dict, overrides: dict, schema: dict | None = None) -
     # (the schema has no null there, so the value would stay the string 'null')
     for entries in removable_sections(typed):
         for name, value in entries.items():
-            if isinstance(value, str) and value in _readings_of_null:
+            if isinstance(value, str) and _readings(value) == [None]:  # YAML's null, as in a config file
                 entries[name] = None
     return typed
-
-
-_readings_of_null = {"null", "Null", "NULL", "~"}
 
 
 def dotted_overrides(pairs: list[str], config: dict) -> dict:
