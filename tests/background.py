@@ -45,6 +45,7 @@ _PARTS: dict[str, "Part"] = {}
 _LOCK = threading.Lock()
 _TIMES: dict[str, tuple[float, float]] = {}  # what the report lists: name -> (start, end), seconds
 _CPU: dict[str, float] = {}  # name -> CPU-seconds of the processes the part ran
+_ELSEWHERE: dict[str, dict[str, float]] = {}  # name -> of those, CPU-seconds of processes not below this one, by whose
 _CURRENT = threading.local()  # the part whose thread this is
 
 
@@ -140,7 +141,8 @@ def report(total: float | None = None) -> list[str]:
         lines.append(f"{'installs (before the session)':<34}{SESSION_START - float(ci_start):7.0f} s")
     for name, (a, b) in sorted(_TIMES.items(), key=lambda kv: kv[1]):
         cpu = f"{_CPU[name]:7.0f} s" if name in _CPU else "      -  "
-        lines.append(f"{name:<34}{b - a:7.0f} s   (from {a:4.0f} s to {b:4.0f} s)   CPU {cpu}")
+        where = "".join(f" ({whose} {sec:.0f} s)" for whose, sec in _ELSEWHERE.get(name, {}).items())
+        lines.append(f"{name:<34}{b - a:7.0f} s   (from {a:4.0f} s to {b:4.0f} s)   CPU {cpu}{where}")
     import resource
 
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -153,6 +155,19 @@ def report(total: float | None = None) -> list[str]:
     if ci_start:
         lines.append(f"{'in all (installs and session)':<34}{time.time() - float(ci_start):7.0f} s")
     return lines
+
+
+def add_cpu(seconds: float, whose: str) -> None:
+    """Count toward the current part's CPU-seconds ``seconds`` of processes it had started that did
+    not run below this one, which the report names (``whose``): the test Slurm's jobs run under
+    ``slurmd``, and Slurm's accounting measures them."""
+    part = getattr(_CURRENT, "name", None)
+    if part is None:
+        return
+    with _LOCK:
+        _CPU[part] = _CPU.get(part, 0.0) + seconds
+        theirs = _ELSEWHERE.setdefault(part, {})
+        theirs[whose] = theirs.get(whose, 0.0) + seconds
 
 
 _CHILDREN: set = set()

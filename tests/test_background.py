@@ -60,3 +60,25 @@ def test_the_hosts_cpu_seconds_count_a_process_that_is_not_below_the_session(tmp
     proc.wait()
     assert background.machine_cpu_seconds() - before >= 0.55
     assert any(line.startswith("the host, every process") for line in background.report())
+
+
+def test_cpu_seconds_measured_elsewhere_count_toward_the_part_and_the_report_names_them():
+    """A Slurm part's jobs run under slurmd, not below the session: Slurm's accounting of them is
+    added to the part's CPU-seconds, and its report line says how much of them was theirs."""
+
+    def part():
+        background._CURRENT.name = "elsewhere test"
+        background.add_cpu(12.4, "Slurm's jobs")
+        background.add_cpu(0.6, "Slurm's jobs")
+
+    thread = threading.Thread(target=part)
+    thread.start()
+    thread.join()
+    background._TIMES["elsewhere test"] = (1.0, 2.0)
+    try:
+        line = next(line for line in background.report() if line.startswith("elsewhere test"))
+        assert background._CPU["elsewhere test"] == 13.0
+        assert line.endswith("CPU      13 s (Slurm's jobs 13 s)"), line
+    finally:
+        for table in (background._CPU, background._ELSEWHERE, background._TIMES):
+            table.pop("elsewhere test", None)

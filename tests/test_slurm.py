@@ -185,6 +185,16 @@ def test_the_default_profile_paces_the_scheduler_as_documented():
     assert "max-jobs-per-timespan" not in profile()
 
 
+def test_slurm_durations_read_as_sacct_prints_them():
+    from slurm.cluster import slurm_seconds
+
+    assert slurm_seconds("00:01.500") == 1.5 and slurm_seconds("12:34.5") == 754.5
+    assert slurm_seconds("01:02:03") == 3723 and slurm_seconds("1-00:00:01") == 86401
+    assert slurm_seconds("") == 0
+    with pytest.raises(ValueError, match="not a Slurm duration"):
+        slurm_seconds("17")
+
+
 def test_lint_passes():
     proc = run_snakemake(["--lint"], check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -326,6 +336,7 @@ def _slurm_diagnostic():
         snapshots, requeued, stop = [], [], threading.Event()
         watcher = threading.Thread(target=_watch_status, args=(work, cluster, snapshots, stop, requeued), daemon=True)
         watcher.start()
+        before = {job["jobid"] for job in cluster.jobs()}
         try:
             proc = run_snakemake(["--profile", str(prof_dir), "--directory", str(work), *DIAGNOSTIC_TARGETS,
                                   "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "2"],
@@ -333,9 +344,18 @@ def _slurm_diagnostic():
         finally:
             stop.set()
             watcher.join()
+        count_jobs_cpu(cluster, before)
         return work, proc, cluster.jobs(), snapshots, requeued
 
     return run
+
+
+def count_jobs_cpu(cluster, before: set[str]) -> None:
+    """The CPU-seconds of the Slurm jobs a part submitted (every run of each job that was not in
+    ``before``, as Slurm's accounting measured them) into its line of the phase report: they run
+    under slurmd, not below the session (tests/background.py)."""
+    ran = [job for job in cluster.jobs(all_runs=True) if job["jobid"] not in before]
+    background.add_cpu(sum(job["cpu_seconds"] for job in ran), "Slurm's jobs")
 
 
 # The diagnostic job interrupted while it runs: requeued by Slurm (as a preemption would), it stops
@@ -393,6 +413,9 @@ def test_tiny_diagnostic_runs_through_a_real_slurm(slurm_run):
     by_rule = jobs_by_rule(jobs)
     assert set(by_rule) == {"spines", "teacher_pass", "candidates", "mc_dropout", "forced_continuation"}
     assert all(runs[-1]["state"] == "COMPLETED" and runs[-1]["exit"] == "0:0" for runs in by_rule.values()), by_rule
+    # Slurm's accounting measured each job's CPU time (the phase report counts it: count_jobs_cpu):
+    # every job started Python and loaded torch, more than a CPU-second
+    assert all(runs[-1]["cpu_seconds"] > 1 for runs in by_rule.values()), by_rule
 
 
 @pytest.mark.workflow
@@ -659,6 +682,7 @@ def _slurm_training_interrupted():
         done, stop = {}, threading.Event()
         monitor = threading.Thread(target=_interrupt_training, args=(cluster, work, done, stop), daemon=True)
         monitor.start()
+        before = {job["jobid"] for job in cluster.jobs()}
         try:
             proc = run_snakemake(["--profile", str(prof_dir), "--directory", str(work),
                                   *(f"results/training/tiny_qwen3/{m}/adapter" for m in INTERRUPTED),
@@ -667,6 +691,7 @@ def _slurm_training_interrupted():
         finally:
             stop.set()
             monitor.join()
+        count_jobs_cpu(cluster, before)
         return work, proc, done, cluster.jobs(all_runs=True)
 
     return run

@@ -236,22 +236,27 @@ StorageLoc=slurm_acct_db
     def jobs(self, all_runs: bool = False) -> list[dict]:
         """Every job this cluster ran, as ``sacct`` records it: id, state, exit code, requested
         memory, time limit, allocated TRES, partition, account, seconds it ran, comment (Snakemake's
-        rule name) and the TRES of its steps. A requeued job is one record (its last run), or with ``all_runs``
-        one record a run (``sacct -D``: the first ones ``REQUEUED``)."""
-        fields = ["jobid", "state", "exit", "reqmem", "timelimit", "tres", "partition", "account", "elapsed", "comment"]
+        rule name), the TRES of its steps and ``cpu_seconds``: the CPU time (user + system) of its
+        steps' processes as Slurm's accounting gatherer measured it. A requeued job is one record (its
+        last run), or with ``all_runs`` one record a run (``sacct -D``: the first ones ``REQUEUED``)."""
+        fields = ["jobid", "state", "exit", "reqmem", "timelimit", "tres", "partition", "account", "elapsed", "comment",
+                  "totalcpu"]
         out = subprocess.run(["sacct", "-a", "-n", "-P", "-S", "2000-01-01", *(["-D"] if all_runs else []),
-                              "--format=JobID,State,ExitCode,ReqMem,Timelimit,AllocTRES,Partition,Account,ElapsedRaw,Comment"],
+                              "--format=JobID,State,ExitCode,ReqMem,Timelimit,AllocTRES,Partition,Account,ElapsedRaw,"
+                              "Comment,TotalCPU"],
                              env=self.env(), capture_output=True, text=True, check=True).stdout
         jobs: list[dict] = []
         for line in out.splitlines():
             row = dict(zip(fields, line.split("|")))
-            if "." in row["jobid"]:
+            cpu = slurm_seconds(row.pop("totalcpu", ""))
+            if "." in row["jobid"]:  # a step of the job record before it
                 run = next(j for j in reversed(jobs) if j["jobid"] == row["jobid"].split(".")[0])
                 run["steps"].append(row["tres"])
+                run["cpu_seconds"] += cpu
             else:
                 if not all_runs:
                     jobs = [j for j in jobs if j["jobid"] != row["jobid"]]
-                jobs.append({**row, "state": row["state"].split()[0], "steps": []})
+                jobs.append({**row, "state": row["state"].split()[0], "steps": [], "cpu_seconds": 0.0})
         return jobs
 
     def log_tail(self, name: str, n: int = 4000) -> str:
@@ -294,6 +299,20 @@ StorageLoc=slurm_acct_db
                 except (ValueError, IndexError):
                     pass
         return out
+
+
+def slurm_seconds(text: str) -> float:
+    """Seconds of a duration as ``sacct`` prints one (``TotalCPU``, ``Elapsed``):
+    ``[D-][HH:]MM:SS[.mmm]``; empty (no record) is 0."""
+    text = text.strip()
+    if not text:
+        return 0.0
+    days, _, clock = text.rpartition("-")
+    parts = [float(p) for p in clock.split(":")]
+    if not 2 <= len(parts) <= 3:
+        raise ValueError(f"not a Slurm duration: {text!r}")
+    seconds = sum(v * 60 ** i for i, v in enumerate(reversed(parts)))
+    return seconds + (int(days) * 86400 if days else 0)
 
 
 def _alive(pid: int) -> bool:
