@@ -89,12 +89,13 @@ def profile_findings(profile: dict, which=shutil.which) -> list[Finding]:
 
 
 def limit_minutes(text: str) -> float:
-    """A Slurm time limit (``infinite``, ``2-00:00:00``, ``1:00:00``, ``30:00``, ``30``) in minutes."""
+    """A Slurm time limit (``infinite``, ``2-00:00:00``, ``1:00:00``, ``30:00``, ``30``) in minutes;
+    also a duration as ``sacct`` prints one, its seconds with a fraction (``TotalCPU``: ``01:02.345``)."""
     text = text.strip()
     if text in ("infinite", "UNLIMITED"):
         return float("inf")
     days, _, rest = text.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
+    parts = [float(p) for p in rest.split(":")]
     h, m, s = ([0] * (3 - len(parts)) + parts) if len(parts) > 1 else (0, parts[0], 0)
     return (int(days or 0) * 24 + h) * 60 + m + s / 60
 

@@ -302,17 +302,16 @@ StorageLoc=slurm_acct_db
 
 
 def slurm_seconds(text: str) -> float:
-    """Seconds of a duration as ``sacct`` prints one (``TotalCPU``, ``Elapsed``):
-    ``[D-][HH:]MM:SS[.mmm]``; empty (no record) is 0."""
+    """Seconds of a duration as ``sacct`` prints one (``TotalCPU``, ``Elapsed``:
+    ``[D-][HH:]MM:SS[.mmm]``, read by the preflight's reader of Slurm times); empty (no record) is 0."""
+    from pwopsd.preflight import limit_minutes
+
     text = text.strip()
     if not text:
         return 0.0
-    days, _, clock = text.rpartition("-")
-    parts = [float(p) for p in clock.split(":")]
-    if not 2 <= len(parts) <= 3:
+    if ":" not in text:  # a bare number is a time limit's minutes, never a duration sacct prints
         raise ValueError(f"not a Slurm duration: {text!r}")
-    seconds = sum(v * 60 ** i for i, v in enumerate(reversed(parts)))
-    return seconds + (int(days) * 86400 if days else 0)
+    return 60 * limit_minutes(text)
 
 
 def _alive(pid: int) -> bool:
