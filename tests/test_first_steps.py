@@ -54,10 +54,11 @@ def test_the_tiny_builds_first_steps_give_the_digests_weights():
 
 @pytest.mark.heavy
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "with exact products attention runs torch's reference math, whose CPU softmax backward kernel splits rows "
-    "between threads: one thread parts from two at step 1 (docs/decisions.md, 'Tiny mode: the same digits on every "
-    "CPU'). A thread-independent softmax backward made a build on which no method beat its base model, so it is "
-    "not in this tree; strict: this fails once threads stop mattering"))
+    "with exact products attention runs torch's reference math, whose CPU softmax backward kernel gives other "
+    "bits on two threads than on one: one thread parts from two at step 1 (docs/decisions.md, 'Tiny mode: the same "
+    "digits on every CPU'). A thread-independent softmax backward was tried twice: a build on which no method beat "
+    "its base model, then a build never ready by max_steps, so it is not in this tree; strict: this fails once "
+    "threads stop mattering"))
 def test_the_tiny_builds_first_steps_are_bit_identical_on_one_thread():
     """Tiny mode's pins (cpu_matmul: exact, cpu_kernel_path: avx2, set as the Snakefile sets them,
     with no ATEN_CPU_CAPABILITY in the environment) make the build's first 20 pretraining steps on one

@@ -27,8 +27,9 @@ It is installed as torch's CPU kernel of ``aten::mm``, ``addmm``, ``bmm`` and ``
 matrix product of a float32 linear layer, attention and their backward passes goes through these
 four), for float32 inputs; other dtypes run torch's own kernel. The fused CPU attention kernel calls
 MKL directly, so :func:`install` also turns it off, and attention runs torch's reference math.
-That math's softmax backward kernel splits its rows between threads, so results hold for the
-configured thread count (tiny mode's build: 2), not across thread counts (docs/decisions.md).
+That math's softmax backward kernel gives other bits on two threads than on one (a few scattered
+rows), so results hold for the configured thread count (tiny mode's build: 2), not across thread
+counts (docs/decisions.md).
 MKL also computes torch's float32 ``sqrt``, ``exp``, ``log``, ``cos`` and others (its vector math),
 by the CPU's vendor too: :func:`install` routes those through :mod:`pwopsd.exact_elementwise`.
 ``tests/test_exact_matmul.py`` checks with ``MKL_VERBOSE`` and ``ONEDNN_VERBOSE``, and under a
