@@ -19,6 +19,7 @@ that a change that costs time shows where.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -38,6 +39,41 @@ def machine_cpu_seconds() -> float | None:
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
+
+class SnapshotDict(dict):
+    """A dict whose iteration is over a snapshot: :func:`snapshot_loggers` makes logging's registry
+    of loggers one."""
+
+    def keys(self):
+        return list(super().keys())
+
+    def values(self):
+        return list(super().values())
+
+    def items(self):
+        return list(super().items())
+
+    def __iter__(self):
+        return iter(list(super().keys()))
+
+
+def snapshot_loggers() -> None:
+    """Iterating logging's registry of loggers walks a snapshot, from now on in this process.
+
+    pytest's log capture (``catching_logs.__enter__``, at each phase of each test) loops over
+    ``logging.Logger.manager.loggerDict.values()`` without logging's lock, running Python code at
+    each logger; a part's thread that registers a logger meanwhile (any import of torch,
+    transformers, vLLM, ...) made that loop raise "dictionary changed size during iteration",
+    reported as the failure of whichever test was starting (CI of 37be4dd on an AMD Zen 3 host:
+    ``test_branch_viability.py::test_degenerate_pools_say_so``). ``list()`` of a dict's view runs in
+    C under the GIL, so no thread can change the registry while the snapshot is taken. Called when
+    this module is imported, before any part's thread starts."""
+    manager = logging.Logger.manager
+    if not isinstance(manager.loggerDict, SnapshotDict):
+        manager.loggerDict = SnapshotDict(manager.loggerDict)
+
+
+snapshot_loggers()
 
 SESSION_START = time.time()
 _MACHINE_START = machine_cpu_seconds()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from pathlib import Path
 
 import background
 
@@ -82,3 +83,49 @@ def test_cpu_seconds_measured_elsewhere_count_toward_the_part_and_the_report_nam
     finally:
         for table in (background._CPU, background._ELSEWHERE, background._TIMES):
             table.pop("elsewhere test", None)
+
+
+RACE = r"""
+import logging, sys, threading
+sys.path.insert(0, sys.argv[1])
+from _pytest.logging import LogCaptureHandler, catching_logs
+if sys.argv[2] == "snapshot":
+    import background  # noqa: F401  (its import makes the registry iterate a snapshot)
+for i in range(2000):
+    logging.getLogger(f"pad.{i}")
+stop = threading.Event()
+def register():
+    i = 0
+    while not stop.is_set():
+        logging.getLogger(f"thread.{i}")
+        i += 1
+sys.setswitchinterval(1e-6)
+thread = threading.Thread(target=register)
+thread.start()
+errors = 0
+for _ in range(30):
+    try:
+        with catching_logs(LogCaptureHandler()):
+            pass
+    except RuntimeError:
+        errors += 1
+stop.set()
+thread.join()
+print(errors)
+"""
+
+
+def test_pytests_log_capture_does_not_race_a_part_thread_that_registers_loggers(tmp_path):
+    """pytest's log capture iterates logging's registry of loggers at each test phase without its
+    lock, while the parts' threads import libraries that register loggers: with the registry as a
+    plain dict, some of 30 captures raise "dictionary changed size during iteration" (which failed
+    a test in CI); with :func:`background.snapshot_loggers`, none does. If the plain registry stops
+    racing, pytest takes the lock and the snapshot can go."""
+    import subprocess
+
+    script = tmp_path / "race.py"
+    script.write_text(RACE)
+    errors = {how: int(subprocess.run([sys.executable, str(script), str(Path(background.__file__).parent), how],
+                                      capture_output=True, text=True, check=True).stdout)
+              for how in ("plain", "snapshot")}
+    assert errors["plain"] > 0 and errors["snapshot"] == 0, errors
