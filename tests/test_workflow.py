@@ -669,18 +669,22 @@ def test_a_local_data_file_is_a_declared_input_and_its_errors_reach_the_console(
     probe = tmp_path / "probe.jsonl"
     probe.write_text("".join(json.dumps(r) + "\n" for r in rows))
     target = "results/data/benchmarks/probe.parquet"
-    run_snakemake(["-c1", "--directory", str(tmp_path), target])
+    # Snakemake's own pace for these one-job runs: the default profile's (100 jobs per 5 s) keeps a
+    # run alive up to 5 s after its last job (docs/decisions.md, "Snakemake's scheduler"); three
+    # such waits were a third of this test's time.
+    quick = ["--max-jobs-per-timespan", "100/1s"]
+    run_snakemake(["-c1", *quick, "--directory", str(tmp_path), target])
     assert len(pd.read_parquet(tmp_path / target)) == 3
     assert "Nothing to be done" in run_snakemake(["-n", "--directory", str(tmp_path), target]).stdout
     rows[1]["answer"] = "99"
     probe.write_text("".join(json.dumps(r) + "\n" for r in rows))
     dry = run_snakemake(["-n", "--directory", str(tmp_path), target])
     assert "prepare_benchmark" in dry.stdout and "Updated input files" in dry.stdout + dry.stderr, dry.stdout
-    run_snakemake(["-c1", "--directory", str(tmp_path), target])
+    run_snakemake(["-c1", *quick, "--directory", str(tmp_path), target])
     assert pd.read_parquet(tmp_path / target)["answer"].tolist() == ["1", "99", "3"]
     rows[2]["answer"] = None
     probe.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    proc = run_snakemake(["-c1", "--directory", str(tmp_path), target], check=False)
+    proc = run_snakemake(["-c1", *quick, "--directory", str(tmp_path), target], check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     cause = [line for line in out.splitlines() if line.startswith("pwopsd job failed: DataError:")]
