@@ -181,9 +181,12 @@ def report(total: float | None = None) -> list[str]:
         lines.append(f"{name:<34}{b - a:7.0f} s   (from {a:4.0f} s to {b:4.0f} s)   CPU {cpu}{where}")
     import resource
 
+    from dry_runs import CPU_SECONDS as forked  # the dry runs' processes: the fork server's children, not ours
+
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_all = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-    lines.append(f"{'session':<34}{now:7.0f} s   CPU {cpu_all:7.0f} s (this process {own.ru_utime + own.ru_stime:.0f} s)")
+    cpu_all = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + forked[0]
+    lines.append(f"{'session':<34}{now:7.0f} s   CPU {cpu_all:7.0f} s (this process {own.ru_utime + own.ru_stime:.0f} s, "
+                 f"forked dry runs {forked[0]:.0f} s)")
     machine = machine_cpu_seconds()
     if machine is not None and _MACHINE_START is not None:
         lines.append(f"{'the host, every process':<34}{'':9}   CPU {machine - _MACHINE_START:7.0f} s "

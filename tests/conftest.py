@@ -119,12 +119,20 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer, random_tiny_model) -> str:
 
 
 import background  # noqa: E402  (tests/background.py: the suite's long parts)
+import dry_runs  # noqa: E402
 
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile")]
+SNAKEFILE = ["-s", str(REPO / "Snakefile")]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", *SNAKEFILE]
 
 
 def run_snakemake(args, cwd=REPO, env=None, check=True):
-    proc = background.run_child(SNAKEMAKE + list(args), cwd=cwd, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+    """``python -m snakemake -s Snakefile ARGS``; a dry run is forked from a process that has
+    imported Snakemake once (tests/dry_runs.py)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    if dry_runs.is_dry_run(args):
+        proc = dry_runs.run(SNAKEFILE + list(args), cwd=cwd, env=env)
+    else:
+        proc = background.run_child(SNAKEMAKE + list(args), cwd=cwd, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(map(str, args))} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc

@@ -1,13 +1,11 @@
 """Config schema: the shipped configs validate; each kind of mistake is rejected naming its key."""
 
 import copy
-import subprocess
-import sys
 
 import pytest
 import yaml
 
-from conftest import PAPER_MODELS, REPO
+from conftest import PAPER_MODELS, REPO, run_snakemake
 from pwopsd.config import ConfigError, load_config, sampling_seed, seed_names, validate_config
 
 
@@ -175,10 +173,7 @@ def test_snakemake_stops_before_any_job_on_bad_config(tmp_path):
     cfg["models"]["qwen3_4b"]["dtype"] = "bf16"
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "config.yaml").write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-n", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path)],
-        capture_output=True, text=True, cwd=REPO,
-    )
+    proc = run_snakemake(["-n", "--directory", str(tmp_path)], check=False)
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
     assert "models.qwen3_4b.dtype" in out and "Traceback" not in out, out
@@ -267,8 +262,7 @@ def test_a_duplicated_yaml_key_is_rejected_with_its_lines(tmp_path):
     entry = text[text.index("  qwen3_4b:"):text.index("  dsr1_llama_8b:")]
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "config.yaml").write_text(text.replace("  dsr1_llama_8b:", entry + "  dsr1_llama_8b:", 1))
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-s", str(REPO / "Snakefile"), "--directory",
-                           str(tmp_path)], capture_output=True, text=True, cwd=REPO)
+    proc = run_snakemake(["-n", "--directory", str(tmp_path)], check=False)
     out = proc.stdout + proc.stderr
     first = text[: text.index("  qwen3_4b:")].count("\n") + 1
     second = text[: text.index("  dsr1_llama_8b:")].count("\n") + 1  # where the copy was inserted
@@ -399,13 +393,12 @@ def test_command_line_values_typed_or_rejected_naming_the_key(paper):
 def test_snakemake_command_line_overrides_are_typed(tmp_path):
     """Through the real Snakemake CLI: a nested override plans with the typed value; one of no
     allowed type stops before any job naming the key."""
-    base = [sys.executable, "-m", "snakemake", "-n", "-s", str(REPO / "Snakefile"), "--directory", str(REPO)]
-    ok = subprocess.run(base + ["--config", "evaluation={n: 3, seeds: [main, 1]}", "training={lr: 1e-5}"],
-                        capture_output=True, text=True, cwd=REPO)
+    base = ["-n", "--directory", str(REPO)]
+    ok = run_snakemake(base + ["--config", "evaluation={n: 3, seeds: [main, 1]}", "training={lr: 1e-5}"], check=False)
     out = ok.stdout + ok.stderr
     assert ok.returncode == 0, out
     assert "config overrides (--config): evaluation.n = 3; evaluation.seeds = ['main', 1]; training.lr = 1e-05" in out
-    bad = subprocess.run(base + ["--config", "evaluation={n: three}"], capture_output=True, text=True, cwd=REPO)
+    bad = run_snakemake(base + ["--config", "evaluation={n: three}"], check=False)
     out = bad.stdout + bad.stderr
     assert bad.returncode != 0 and "evaluation.n: 'three' is not of type 'integer'" in out and "Traceback" not in out, out
 
@@ -477,10 +470,8 @@ def test_snakemake_reads_overlays_in_its_own_order_and_a_source_of_another_kind_
     shutil.copy(REPO / "config" / "config.yaml", tmp_path / "config" / "config.yaml")
     (tmp_path / "m.jsonl").write_text("")
     (tmp_path / "local.yaml").write_text(yaml.safe_dump({"benchmarks": {"math500": {"source": {"kind": "local", "path": "m.jsonl"}}}}))
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-n", "--directory", str(tmp_path),
-                           "results/data/benchmarks/math500.parquet", "--configfile", str(tmp_path / "config" / "config.yaml"),
-                           str(tmp_path / "local.yaml")],
-                          capture_output=True, text=True)
+    proc = run_snakemake(["-n", "--directory", str(tmp_path), "results/data/benchmarks/math500.parquet", "--configfile",
+                          str(tmp_path / "config" / "config.yaml"), str(tmp_path / "local.yaml")], check=False)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     assert "m.jsonl" in proc.stdout
 
