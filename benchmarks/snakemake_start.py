@@ -30,6 +30,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".snakemake" / "pwopsd" / "code_digests.json"
+sys.path.insert(0, str(REPO / "tests"))
+import dry_runs  # noqa: E402  (the test suite's fork server of dry runs)
 
 
 def _args(workdir: Path) -> list[str]:
@@ -49,9 +51,6 @@ def dry_run(workdir: Path) -> tuple[float, float]:
 
 def forked_dry_run(workdir: Path) -> tuple[float, float]:
     """The same dry run forked from the test suite's fork server (tests/dry_runs.py)."""
-    sys.path.insert(0, str(REPO / "tests"))
-    import dry_runs
-
     before = dry_runs.CPU_SECONDS[0]
     start = time.perf_counter()
     proc = dry_runs.run(_args(workdir), cwd=REPO, env=dict(os.environ))

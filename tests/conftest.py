@@ -1,5 +1,6 @@
 import importlib.util
 import os
+import re
 import sys
 import threading
 from pathlib import Path
@@ -123,6 +124,12 @@ import dry_runs  # noqa: E402
 
 SNAKEFILE = ["-s", str(REPO / "Snakefile")]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", *SNAKEFILE]
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """A dry run's "Job stats" table: jobs per rule (and ``total``)."""
+    table = output[output.index("Job stats:"):]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
 
 
 def run_snakemake(args, cwd=REPO, env=None, check=True):

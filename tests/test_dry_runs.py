@@ -9,7 +9,7 @@ import sys
 import yaml
 
 import dry_runs
-from conftest import REPO, SNAKEFILE
+from conftest import REPO, SNAKEFILE, job_counts
 
 
 def both(args, cwd, env):
@@ -18,24 +18,12 @@ def both(args, cwd, env):
     return command, dry_runs.run(SNAKEFILE + list(args), cwd=cwd, env=env)
 
 
-def jobs(out: str) -> dict[str, int]:
-    """The dry run's "Job stats" table: jobs per rule."""
-    lines = out.split("Job stats:")[1].strip().splitlines()[2:]
-    table = {}
-    for line in lines:
-        if not line.strip():
-            break
-        rule, count = line.split()
-        table[rule] = int(count)
-    return table
-
-
 def test_a_forked_dry_run_lists_the_commands_jobs_and_fails_as_it_does(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     command, forked = both(["-n", "results/tables/branch_auroc.tex"], REPO, env)
     assert command.returncode == forked.returncode == 0, forked.stderr[-3000:]
-    assert jobs(forked.stdout) == jobs(command.stdout) and jobs(forked.stdout)["total"] > 5, (forked.stdout, command.stdout)
-    # a bad config in another working directory, named by the environment's profile-free run
+    assert job_counts(forked.stdout) == job_counts(command.stdout) and job_counts(forked.stdout)["total"] > 5, (forked.stdout, command.stdout)
+    # a bad config, in another working directory: the same error line, no traceback
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     cfg["models"]["qwen3_4b"]["dtype"] = "bf16"
     (tmp_path / "config").mkdir()

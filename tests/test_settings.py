@@ -6,7 +6,7 @@ from types import SimpleNamespace as W
 
 import pytest
 
-from conftest import PAPER_MODELS, REPO, run_snakemake
+from conftest import PAPER_MODELS, REPO, job_counts, run_snakemake
 from pwopsd import settings
 from pwopsd.config import load_config, runs_in_tables, training_runs
 
@@ -119,10 +119,10 @@ def test_rules_read_the_config_only_through_config_param():
 @pytest.mark.slow
 def test_train_all_plans_every_configured_run(paper):
     out = run_snakemake(["-n", "train_all", "--quiet", "rules"]).stdout
-    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out[out.index("Job stats"):], re.M))
+    counts = job_counts(out)
     # every planned run (the paper's: 3 models x 11 methods (9 of the paper, ToDi and GKD) + the fitted schedule on
     # the diagnosed Qwen3-4B, after its diagnostic and fit_schedule: 34, test above); nothing evaluated
-    assert counts["train"] == str(len(training_runs(paper))) and counts["fit_schedule"] == "1" and "generate" not in counts
+    assert counts["train"] == len(training_runs(paper)) and counts["fit_schedule"] == 1 and "generate" not in counts
 
 
 @pytest.mark.slow
@@ -130,9 +130,9 @@ def test_the_paper_dry_run_has_the_diagnostic_to_fitted_schedule_chain():
     """results/tables/schedules_4b.tex in the paper configuration: Qwen3-4B's diagnostic phases ->
     fit_schedule -> train of pwopsd_fitted (and of the four hand-picked schedules) -> evaluation."""
     out = run_snakemake(["-n", "results/tables/schedules_4b.tex", "--quiet", "rules"]).stdout
-    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out[out.index("Job stats"):], re.M))
-    assert counts["train"] == "5" and counts["fit_schedule"] == "1" and counts["branch_scores"] == "1"
-    assert counts["spines"] == "1" and counts["forced_continuation"] == "1" and counts["merge_adapter"] == "5"
+    counts = job_counts(out)
+    assert counts["train"] == 5 and counts["fit_schedule"] == 1 and counts["branch_scores"] == 1
+    assert counts["spines"] == 1 and counts["forced_continuation"] == 1 and counts["merge_adapter"] == 5
 
 
 def test_generation_seeds_per_job(paper):

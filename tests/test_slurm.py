@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 import background
-from conftest import REPO, copy_tiny_inputs, run_snakemake, screenshot, session_tmp
+from conftest import REPO, copy_tiny_inputs, job_counts, run_snakemake, screenshot, session_tmp
 from pwopsd.cluster import MAX_RUNTIME_ENV
 from pwopsd.cost import parse_dry_run
 
@@ -144,7 +144,7 @@ def test_a_run_that_submits_nothing_shows_its_plan_with_one_warning(tmp_path, fl
         assert f"profiles/slurm/profile.yaml: {key}" in out
     assert shown in proc.stdout + proc.stderr
     if flags[0].startswith("-n"):
-        counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", out[out.index("Job stats:"):], re.M)}
+        counts = job_counts(out)
         assert counts["train"] == 5 and counts["table"] == 1, counts
         assert re.search(r"rule train:(?:\n    [^\n]*)*?\n    resources: [^\n]*slurm_partition=CHANGE_ME_GPU_PARTITION[^\n]*gpu=4, gpu_model=CHANGE_ME_GPU_TYPE", out)
     assert not (work / "results").exists() and not (work / "logs").exists()

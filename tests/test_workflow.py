@@ -15,14 +15,11 @@ import pytest
 import yaml
 
 import background
-from conftest import REPO, copy_tiny_inputs, run_snakemake, session_tmp, tiny_workdir
+from conftest import REPO, copy_tiny_inputs, job_counts, run_snakemake, session_tmp, tiny_workdir
 from pwopsd.cost import parse_dry_run
 from pwopsd.io import read_parquet_metadata
 
 
-def job_counts(output: str) -> dict[str, int]:
-    table = output[output.index("Job stats:"):]
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
 
 
 
