@@ -3,9 +3,11 @@
 A Snakemake start costs its imports first: ``import snakemake.cli`` takes about 2 CPU-seconds on a
 2-core AMD Zen 3 host (its executor plugins are imported to register their settings: the Slurm
 plugin brings pandas, SQLModel and SQLAlchemy), and a dry run of the paper's DAG about 2.5 in all.
-The fast tier started Snakemake 53 times (134 of its 351 CPU-seconds), CI about 80 times.
+The fast tier started Snakemake 53 times (134 of its 351 CPU-seconds), CI about 80 times; then,
+with dry runs forked, 30 Snakemake commands (70 CPU-s) and 6 cost plans that each started one.
 
-So a dry run (``-n``) is run here by a process forked from multiprocessing's fork server, which
+So a run of Snakemake that runs no job (a dry run, ``--dag``, ``--list-rules``, ``--lint``, ...: the
+cost plan's dry runs too) is run here by a process forked from multiprocessing's fork server, which
 has imported ``snakemake.cli`` (and nothing of this project: the Snakefile's imports run in each
 child, after its environment is set): the child takes the run's working directory, environment and
 arguments, points its stdout and stderr at files and calls ``snakemake.cli.main``, the function
@@ -29,8 +31,22 @@ _CONTEXT: list = []
 CPU_SECONDS = [0.0]  # the forked dry runs' CPU-seconds (the session's report adds them to its own)
 
 
-def is_dry_run(args) -> bool:
-    return any(a in ("-n", "--dry-run", "--dryrun") for a in map(str, args))
+def runs_no_job(args) -> bool:
+    """Whether Snakemake's command line ``args`` runs no job: a dry run (``-n``, ``-np``), ``--dag``,
+    ``--list-rules``, ``--lint``, ``--summary``, ... as Snakemake's own parser reads it
+    (:func:`pwopsd.cluster.planning_flag`, the check the Slurm profile makes)."""
+    from pwopsd.cluster import planning_flag
+
+    return planning_flag([str(a) for a in args]) is not None
+
+
+def run_snakemake(args) -> subprocess.CompletedProcess:
+    """:func:`pwopsd.cost.hours.run_snakemake` in the test session (the cost plan's and the status
+    report's dry runs): ``python -m snakemake ARGS`` in this directory and environment, forked when
+    it runs no job."""
+    if runs_no_job(args):
+        return run(args, cwd=os.getcwd(), env=dict(os.environ))
+    return subprocess.run([sys.executable, "-m", "snakemake", *map(str, args)], capture_output=True, text=True)
 
 
 def _context():

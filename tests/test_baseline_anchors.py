@@ -10,8 +10,13 @@ import torch
 
 from pwopsd.training.losses import gkd_loss
 
-os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-gkd_trainer = pytest.importorskip("trl.experimental.gkd.gkd_trainer")
+
+
+@pytest.fixture(scope="module")
+def gkd_trainer():
+    """TRL's GKD trainer module, imported when a test needs it (7 s of imports: not at collection)."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    return pytest.importorskip("trl.experimental.gkd.gkd_trainer")
 
 
 def logits(seed, B=3, T=6, V=29, dtype=torch.float32):
@@ -26,7 +31,7 @@ def logits(seed, B=3, T=6, V=29, dtype=torch.float32):
 
 @pytest.mark.parametrize("beta", [0.0, 0.5, 0.9, 1.0])  # 0.9: the mixture's orientation (0.5 is symmetric)
 @pytest.mark.parametrize("temperature", [0.7, 1.3])
-def test_gkd_equals_trls_generalized_jsd(beta, temperature):
+def test_gkd_equals_trls_generalized_jsd(beta, temperature, gkd_trainer):
     zs, zt, mask = logits(int(beta * 10) + int(temperature * 10))
     labels = torch.where(mask > 0, torch.zeros_like(mask, dtype=torch.long), torch.full_like(mask, -100, dtype=torch.long))
     theirs = gkd_trainer.GKDTrainer.generalized_jsd_loss(zs, zt, labels=labels, beta=beta, temperature=temperature,

@@ -252,25 +252,39 @@ def _cli(*args):
                           text=True, env=env, timeout=120)
 
 
-def test_cli_check_and_update(results, tmp_path):
+def _main(capsys, *args):
+    """The command's ``main`` in this process (its exit status, stdout, stderr): the command itself
+    runs for each exit status once above it, as a process of its own."""
+    from pwopsd.report.digest import main
+
+    capsys.readouterr()
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exc:  # argparse's --help
+        code = exc.code
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+
+def test_cli_check_and_update(results, tmp_path, capsys):
     digest = tmp_path / "digest.json"
-    run = _cli(results, "--check", digest)
+    run = _cli(results, "--check", digest)  # the command, exit status 1
     assert run.returncode == 1 and "--update" in run.stderr
-    run = _cli(results, "--update", digest)
+    run = _main(capsys, results, "--update", digest)
     assert run.returncode == 0, run.stderr
     written = json.loads(digest.read_text())
     assert digest.read_text() == digest_text({**collect(results), PLATFORM: written[PLATFORM]})
-    run = _cli(results, "--check", digest)
+    run = _cli(results, "--check", digest)  # the command, exit status 0
     assert run.returncode == 0, run.stdout + run.stderr
     _edit(results / "tables" / "main_4b.csv", "tiny,opsd,mean,avg,29.690000", "tiny,opsd,mean,avg,30.120000")
-    run = _cli(results, "--check", digest)
+    run = _main(capsys, results, "--check", digest)
     assert run.returncode == 1
     assert "tables/main_4b: tiny|opsd|mean|avg mean 29.69 -> 30.12" in run.stdout
     assert f"python -m pwopsd.report.digest {results} --update {digest}" in run.stdout
     assert "numeric platform: the digest's (written) -> this host's" in run.stdout
-    assert _cli(results, "--update", digest).returncode == 0
-    assert _cli(results, "--check", digest).returncode == 0
-    run = _cli(tmp_path / "nowhere", "--check", digest)
+    assert _main(capsys, results, "--update", digest).returncode == 0
+    assert _main(capsys, results, "--check", digest).returncode == 0
+    run = _cli(tmp_path / "nowhere", "--check", digest)  # the command, exit status 2
     assert run.returncode == 2 and "nowhere" in run.stderr
-    run = _cli("--help")
+    run = _main(capsys, "--help")
     assert run.returncode == 0 and "python -m pwopsd.report.digest tiny/results --update tiny/digest.json" in run.stdout

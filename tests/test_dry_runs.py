@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 import dry_runs
@@ -18,6 +19,7 @@ def both(args, cwd, env):
     return command, dry_runs.run(SNAKEFILE + list(args), cwd=cwd, env=env)
 
 
+@pytest.mark.long
 def test_a_forked_dry_run_lists_the_commands_jobs_and_fails_as_it_does(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     command, forked = both(["-n", "results/tables/branch_auroc.tex"], REPO, env)
@@ -33,3 +35,11 @@ def test_a_forked_dry_run_lists_the_commands_jobs_and_fails_as_it_does(tmp_path)
     assert "models.qwen3_4b.dtype" in forked.stdout + forked.stderr and "Traceback" not in forked.stderr
     assert [line for line in forked.stderr.splitlines() if "models.qwen3_4b" in line] == \
            [line for line in command.stderr.splitlines() if "models.qwen3_4b" in line]
+
+
+def test_what_is_forked_is_what_runs_no_job():
+    """Read by Snakemake's own parser (``-np`` counts); a run that executes jobs keeps its own process."""
+    for plans in (["-n", "t"], ["-np", "t"], ["--lint"], ["--list-rules"], ["--dag"], ["-S"], ["--rulegraph", "--profile", "p"]):
+        assert dry_runs.runs_no_job(plans), plans
+    for runs in (["-c1", "t"], ["--cores", "2", "--directory", "d"], ["--profile", "slurm", "t"], ["-p", "--jobs", "4"]):
+        assert not dry_runs.runs_no_job(runs), runs

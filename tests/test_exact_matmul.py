@@ -197,10 +197,13 @@ def test_a_bad_setting_names_the_config_key():
     assert X.install_if_configured({}) is False and not X.installed()
 
 
-# A tiny build step, a LoRA training step, a merge and a generation, in a fresh process.
+# A tiny build step, a LoRA training step, a merge and a generation, in a fresh process, once for each
+# mode named on the command line (``exact``, ``native``): each mode's vendor calls follow its line
+# "== MODE" (C's buffered output, where MKL and oneDNN print, is flushed before it).
 STEP = r"""
-import types, torch
+import ctypes, os, sys, types, torch
 from peft import LoraConfig, get_peft_model
+from pwopsd import exact_matmul as X
 from pwopsd.config import load_config
 from pwopsd import settings
 from pwopsd.runtime import set_threads
@@ -209,15 +212,22 @@ from pwopsd.tiny import model as M
 cfg = E.TinyBuildConfig.from_dict(settings.tiny_model(load_config("tiny/config/config.yaml"), types.SimpleNamespace(model="tiny_qwen3")))
 object.__setattr__(cfg, "max_steps", 2)
 M.is_check_step = lambda done, cfg: False
-set_threads(2)
-tok = E.tiny_tokenizer(cfg, corpus_size=200)
-model = M.build_model(cfg, tok)
-M.pretrain(model, tok, cfg, log_every=10**9)
-peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
-ids = tok(["1 + 2 =", "3 + 4 ="], return_tensors="pt", padding=True)
-peft(**ids, labels=ids["input_ids"]).loss.backward()
-merged = peft.merge_and_unload()
-merged.generate(**ids, do_sample=True, max_new_tokens=4, pad_token_id=tok.pad_token_id)
+libc = ctypes.CDLL(None)
+for mode in sys.argv[1:]:
+    libc.fflush(None)
+    os.write(1, f"== {mode}\n".encode())
+    X.uninstall()
+    os.environ[X.ENV] = mode
+    set_threads(2)
+    tok = E.tiny_tokenizer(cfg, corpus_size=200)
+    model = M.build_model(cfg, tok)
+    M.pretrain(model, tok, cfg, log_every=10**9)
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    ids = tok(["1 + 2 =", "3 + 4 ="], return_tensors="pt", padding=True)
+    peft(**ids, labels=ids["input_ids"]).loss.backward()
+    merged = peft.merge_and_unload()
+    merged.generate(**ids, do_sample=True, max_new_tokens=4, pad_token_id=tok.pad_token_id)
+libc.fflush(None)
 print("ok")
 """
 
@@ -242,11 +252,12 @@ continue
 """
 
 
-def _vendor_calls(matmul: str, debugger: bool = False) -> list[str]:
-    """The vendor routines a tiny step calls: MKL's (``MKL_VERBOSE``) and oneDNN's (``ONEDNN_VERBOSE``),
-    or with ``debugger`` the functions of MKL's vector math, which neither reports (under gdb)."""
-    env = {**os.environ, "MKL_VERBOSE": "1", "ONEDNN_VERBOSE": "1", X.ENV: matmul, "PYTHONPATH": str(REPO / "src")}
-    command = [sys.executable, "-c", STEP]
+def _vendor_calls(*modes: str, debugger: bool = False) -> dict[str, list[str]]:
+    """The vendor routines a tiny step calls in each mode (one process, the modes in turn): MKL's
+    (``MKL_VERBOSE``) and oneDNN's (``ONEDNN_VERBOSE``), or with ``debugger`` the functions of MKL's
+    vector math, which neither reports (under gdb)."""
+    env = {**os.environ, "MKL_VERBOSE": "1", "ONEDNN_VERBOSE": "1", "PYTHONPATH": str(REPO / "src")}
+    command = [sys.executable, "-c", STEP, *modes]
     if debugger:
         gdb = shutil.which("gdb")
         if gdb is None:  # every CI host kind has gdb (the machine's tools): there a skip would hide the check
@@ -258,21 +269,32 @@ def _vendor_calls(matmul: str, debugger: bool = False) -> list[str]:
         env.pop("MKL_VERBOSE"), env.pop("ONEDNN_VERBOSE")
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0 and "ok" in proc.stdout, (proc.stdout + proc.stderr)[-3000:]
-    lines = (proc.stdout + proc.stderr).splitlines()
-    if debugger:  # "#0  0x... in vmsSqrt () from .../libtorch_cpu.so" at each hit
-        return sorted({f"MKL {line.split(' in ')[1].split()[0]}" for line in lines
-                       if line.startswith("#0") and " in v" in line})
-    mkl = sorted({line.split("(")[0] for line in lines if line.startswith("MKL_VERBOSE") and "oneMKL" not in line})
-    onednn = sorted({line.split(",")[1] for line in lines if line.startswith("onednn_verbose") and ",exec," in line})
-    return mkl + [f"oneDNN {kind}" for kind in onednn]
+    assert [line[3:] for line in proc.stdout.splitlines() if line.startswith("== ")] == list(modes), proc.stdout[-3000:]
+    stray = [line for line in proc.stderr.splitlines() if line.startswith(("MKL_VERBOSE", "onednn_verbose", "#0"))]
+    assert not stray, stray[:5]  # each call is read from stdout, after its mode's line
+    calls, mode = {}, None
+    for line in proc.stdout.splitlines():
+        if line.startswith("== "):
+            mode = line[3:]
+            calls[mode] = set()
+        elif mode is None:
+            continue
+        elif debugger and line.startswith("#0") and " in v" in line:  # "#0  0x... in vmsSqrt () from .../libtorch_cpu.so"
+            calls[mode].add(f"MKL {line.split(' in ')[1].split()[0]}")
+        elif not debugger and line.startswith("MKL_VERBOSE") and "oneMKL" not in line:
+            calls[mode].add(line.split("(")[0])
+        elif not debugger and line.startswith("onednn_verbose") and ",exec," in line:
+            calls[mode].add(f"oneDNN {line.split(',')[1]}")
+    return {m: sorted(c) for m, c in calls.items()}
 
 
+@pytest.mark.long
 def test_no_vendor_routine_but_the_exact_dgemm_computes_a_tiny_step():
     """With ``cpu_matmul: exact`` MKL runs DGEMM (and its batched form) on integers only (exact in any order) and oneDNN
     nothing; natively the same step calls MKL's SGEMM (whose bits follow the CPU's vendor)."""
-    calls = _vendor_calls("exact")
-    assert "MKL_VERBOSE DGEMM" in calls and set(calls) <= {"MKL_VERBOSE DGEMM", "MKL_VERBOSE DGEMM_BATCH"}, calls
-    assert "MKL_VERBOSE SGEMM" in _vendor_calls("native")
+    calls = _vendor_calls("exact", "native")
+    assert "MKL_VERBOSE DGEMM" in calls["exact"] and set(calls["exact"]) <= {"MKL_VERBOSE DGEMM", "MKL_VERBOSE DGEMM_BATCH"}, calls
+    assert "MKL_VERBOSE SGEMM" in calls["native"]
 
 
 @pytest.mark.heavy
@@ -281,8 +303,8 @@ def test_no_function_of_mkls_vector_math_runs_in_a_tiny_step():
     does not say so: under gdb, the exact mode's build, training and generation step calls none of
     them (pwopsd.exact_elementwise), where torch's own kernels call AdamW's ``vmsSqrt`` and the rotary
     embedding's ``vmsCos`` and ``vmsSin``."""
-    assert _vendor_calls("exact", debugger=True) == []
-    native = _vendor_calls("native", debugger=True)
+    assert _vendor_calls("exact", debugger=True)["exact"] == []
+    native = _vendor_calls("native", debugger=True)["native"]
     assert {"MKL vmsSqrt", "MKL vmsCos", "MKL vmsSin"} <= set(native), native
 
 

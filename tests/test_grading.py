@@ -81,6 +81,7 @@ def pool():
 DOLLAR_GOLDS = {"test/algebra/2626.json", "test/algebra/2780.json", "test/prealgebra/1203.json"}
 
 
+@pytest.mark.long
 def test_every_real_gold_matches_itself_and_a_retypeset(real_golds, pool):
     assert sum(retypeset(g) != g for _, _, g in real_golds) > 300  # the transform does change most golds
     selfs = pool.grade_pairs([(g, g) for _, _, g in real_golds])
@@ -227,6 +228,7 @@ def test_hanging_input_is_killed_within_the_hard_limit_and_grading_goes_on():
         assert pool.grade_pairs([("5", "5")])[0].correct  # replaced workers still grade
 
 
+@pytest.mark.long
 def test_a_grade_that_ends_by_itself_past_the_limit_while_the_pool_is_busy_is_a_timeout(monkeypatch):
     """The pool is held while it starts a killed worker's replacement (slow on a loaded host); a
     grade on another worker that ends meanwhile, past the hard limit, is a timeout, not its verdict."""

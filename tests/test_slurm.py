@@ -887,6 +887,7 @@ def _with_extra(tmp_path, changes):
     return d
 
 
+@pytest.mark.long
 def test_a_warning_that_cannot_hold_its_work_is_refused_at_start_naming_the_setting(tmp_path):
     """Shrunk in the profile, given on the command line (--set-resources: what sbatch would get), or
     outgrown by a longer training.max_completion_length: the dry run stops before any job, naming

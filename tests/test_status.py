@@ -39,6 +39,7 @@ rule make:
 """
 
 
+@pytest.mark.long
 def test_the_logger_plugin_records_every_attempt_of_a_real_run(tmp_path):
     """A real Snakemake run with --logger pwopsd: a job that fails once and succeeds on retry, one
     that fails on every attempt (with its log's last lines), one that succeeds, each keyed by its
@@ -71,6 +72,7 @@ def test_the_logger_plugin_records_every_attempt_of_a_real_run(tmp_path):
     assert sorted((tmp_path / ev.EVENTS_DIR).iterdir()) == files
 
 
+@pytest.mark.long
 def test_a_quiet_run_logs_no_job_end_and_its_jobs_are_still_done(tmp_path):
     """--quiet progress: Snakemake logs no job's end; an attempt left open at the close whose
     outputs were written after it started is a completed one."""

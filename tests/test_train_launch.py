@@ -62,6 +62,7 @@ def _launch_2(d, name, **kw):
     return args
 
 
+@pytest.mark.long
 def test_two_processes_equal_one_process_with_the_same_micro_batches(base):
     one = _args(base, "one", accumulation=4)  # 4 micro-batches of 2 in one process ...
     launch(one, processes=1, args_path=base / "one" / "args.json", log_path=base / "one" / "rule.log")
@@ -208,6 +209,7 @@ def test_a_two_process_run_with_lora_dropout_resumes_each_rank_from_its_own_rng_
     assert len(ranks) == 2 and not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
 
 
+@pytest.mark.long
 def test_a_crashing_rank_fails_the_job_with_its_traceback_in_the_rule_log(base):
     args = _args(base, "crash", accumulation=2)
     args["manifest"] = str(base / "missing.json")

@@ -171,6 +171,7 @@ def test_a_notice_signal_stops_after_its_step_with_a_checkpoint_and_the_rerun_is
     assert strip(log_a) == strip(log_b)  # every logged number but the timings
 
 
+@pytest.mark.long
 def test_a_run_stopped_early_is_the_full_runs_beginning_and_resumes_when_it_goes_on(tmp_path, model_factory, tiny_tokenizer):
     """training.stop_at: the steps done are those of the max_steps run (the schedule still spans
     max_steps), the stop step is saved, and raising stop_at continues from it to the same adapter."""

@@ -84,6 +84,7 @@ def test_three_training_seeds_give_three_chains_per_table_2_method():
     assert trained == {("qwen3_4b", run) for m in methods for run in (m, f"{m}-seed1", f"{m}-seed2")}
 
 
+@pytest.mark.long
 def test_a_checkpoint_sweep_of_table_2_adds_evaluations_and_no_training(capsys):
     """config/sweep.yaml (evaluation.sweep_steps: every saved step besides 100): each of Table 2's
     runs is also merged, generated (3 eval seeds) and graded at 5 more steps, from the adapters its
@@ -117,6 +118,7 @@ def test_a_checkpoint_sweep_of_table_2_adds_evaluations_and_no_training(capsys):
     assert sweep_total - table_total == pytest.approx(sweep_generate - table_generate, abs=0.2)  # the generations, nothing else
 
 
+@pytest.mark.long
 def test_the_smoke_canary_plans_every_rule_of_the_paper_dag_at_the_smallest_sizes(capsys):
     """config/smoke.yaml (README, "Before the full run"): the same rules as the full paper DAG, with
     3-step trainings evaluated at step 2, two samples and two seeds a checkpoint (sampled in one job),
@@ -652,6 +654,7 @@ def test_scripts_run_standalone_with_the_rules_inputs_and_params(tmp_path):
     assert "12 rows" in (tmp_path / "logs/data/prepare_benchmark/arith_l3.log").read_text()
 
 
+@pytest.mark.long
 def test_a_local_data_file_is_a_declared_input_and_its_errors_reach_the_console(tmp_path):
     """Editing a local benchmark file reruns its prepare job (a stale table would be a wrong result
     with exit code 0); a bad file fails the job with the one-line cause on Snakemake's console."""

@@ -127,20 +127,27 @@ def parse_dry_run(output: str) -> list[Job]:
     return jobs
 
 
+def run_snakemake(args: list[str]) -> subprocess.CompletedProcess:
+    """``python -m snakemake ARGS`` in this process's directory and environment, its output
+    captured. (The test suite replaces it with a dry run forked from a process that has imported
+    Snakemake once: ``tests/dry_runs.py``.)"""
+    return subprocess.run([sys.executable, "-m", "snakemake", *args], capture_output=True, text=True)
+
+
 def dry_run_jobs(directory: str, targets: list[str], *, forceall: bool, configfiles: list[str] = (),
                  rerun_incomplete: bool = False) -> list[Job]:
     """Jobs of ``snakemake -n`` for the targets (with the overlay ``configfiles``); ``rerun_incomplete``:
     outputs a running or cut-off job left incomplete count as to be made (as the profile's
     ``rerun-incomplete: true``), instead of stopping the dry run."""
     repo = Path(__file__).resolve().parents[3]
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(repo / "Snakefile"), "-n", "--directory", directory, *targets]
+    args = ["-s", str(repo / "Snakefile"), "-n", "--directory", directory, *targets]
     if configfiles:
-        cmd += ["--configfile", *configfiles]
+        args += ["--configfile", *configfiles]
     if forceall:
-        cmd.append("--forceall")
+        args.append("--forceall")
     if rerun_incomplete:
-        cmd.append("--rerun-incomplete")
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+        args.append("--rerun-incomplete")
+    proc = run_snakemake(args)
     if proc.returncode != 0:
         raise SystemExit(f"snakemake dry run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     return parse_dry_run(proc.stdout + "\n" + proc.stderr)
