@@ -124,8 +124,8 @@ import dry_runs  # noqa: E402
 from pwopsd.cost import hours  # noqa: E402
 
 SNAKEFILE = ["-s", str(REPO / "Snakefile")]
-SNAKEMAKE = [sys.executable, "-m", "snakemake", *SNAKEFILE]
-hours.run_snakemake = dry_runs.run_snakemake  # the cost plan's and status report's dry runs, forked
+# the cost plan's and status report's dry runs, forked (in this process's directory and environment)
+hours.run_snakemake = lambda args: dry_runs.run_snakemake(args, os.getcwd(), dict(os.environ), background.run_child)
 
 
 def job_counts(output: str) -> dict[str, int]:
@@ -138,10 +138,7 @@ def run_snakemake(args, cwd=REPO, env=None, check=True):
     """``python -m snakemake -s Snakefile ARGS``; a run of no job (``-n``, ``--dag``, ``--lint``, ...)
     is forked from a process that has imported Snakemake once (tests/dry_runs.py)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
-    if dry_runs.runs_no_job(args):
-        proc = dry_runs.run(SNAKEFILE + list(args), cwd=cwd, env=env)
-    else:
-        proc = background.run_child(SNAKEMAKE + list(args), cwd=cwd, env=env)
+    proc = dry_runs.run_snakemake(SNAKEFILE + list(args), cwd, env, background.run_child)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(map(str, args))} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc

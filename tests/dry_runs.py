@@ -40,13 +40,15 @@ def runs_no_job(args) -> bool:
     return planning_flag([str(a) for a in args]) is not None
 
 
-def run_snakemake(args) -> subprocess.CompletedProcess:
-    """:func:`pwopsd.cost.hours.run_snakemake` in the test session (the cost plan's and the status
-    report's dry runs): ``python -m snakemake ARGS`` in this directory and environment, forked when
-    it runs no job."""
+def run_snakemake(args, cwd, env: dict, start) -> subprocess.CompletedProcess:
+    """``python -m snakemake ARGS`` in ``cwd`` with ``env``: forked (:func:`run`) when it runs no job,
+    else started as a command by ``start(command, cwd=..., env=...)`` (the session's
+    ``background.run_child``). The suite's one way to run Snakemake: ``conftest.run_snakemake`` and
+    the cost plan's and status report's dry runs (``pwopsd.cost.hours.run_snakemake``) call it."""
+    args = [str(a) for a in args]
     if runs_no_job(args):
-        return run(args, cwd=os.getcwd(), env=dict(os.environ))
-    return subprocess.run([sys.executable, "-m", "snakemake", *map(str, args)], capture_output=True, text=True)
+        return run(args, cwd=cwd, env=env)
+    return start([sys.executable, "-m", "snakemake", *args], cwd=cwd, env=env)
 
 
 def _context():

@@ -11,7 +11,6 @@ import torch
 from pwopsd.training.losses import gkd_loss
 
 
-
 @pytest.fixture(scope="module")
 def gkd_trainer():
     """TRL's GKD trainer module, imported when a test needs it (7 s of imports: not at collection)."""

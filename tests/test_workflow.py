@@ -20,10 +20,6 @@ from pwopsd.cost import parse_dry_run
 from pwopsd.io import read_parquet_metadata
 
 
-
-
-
-
 def test_paper_dry_run_lists_data_and_generation_jobs():
     proc = run_snakemake(["-n", "--quiet", "rules"])
     counts = job_counts(proc.stdout + proc.stderr)
