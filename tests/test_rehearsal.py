@@ -21,6 +21,7 @@ import yaml
 from pandas import read_csv
 
 import background
+import test_vllm_cpu  # noqa: F401 (its parts: the rehearsal waits for the vLLM environment, also when this module runs alone)
 from conftest import BENCHMARKS, REPO, require_shared, session_tmp
 from pwopsd.io import read_json, read_parquet, read_parquet_metadata
 from pwopsd.rehearsal import rehearsal_dtype
@@ -53,8 +54,6 @@ def rehearsal_workdir(cache) -> "os.PathLike":
 @background.part("rehearsal", after=("vLLM environment", "real model"))
 def _rehearsal():
     def run():
-        from test_vllm_cpu import _env
-
         python = background.result("vLLM environment")
         cache, _ = background.result("real model")
         work = rehearsal_workdir(cache)
@@ -63,7 +62,7 @@ def _rehearsal():
                                      *TARGETS, "--configfile", str(work / "config/config.yaml"),
                                      str(work / "config/rehearsal.yaml"), str(work / "config/local_data.yaml"),
                                      str(work / "config/host.yaml")],
-                                    cwd=work, env=_env())
+                                    cwd=work, env=test_vllm_cpu._env())
         return work, proc
 
     return run
