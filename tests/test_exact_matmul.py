@@ -311,7 +311,7 @@ def test_no_function_of_mkls_vector_math_runs_in_a_tiny_step():
     does not say so: under gdb, the exact mode's build, training and generation step calls none of
     them (pwopsd.exact_elementwise), where torch's own kernels call AdamW's ``vmsSqrt`` and the rotary
     embedding's ``vmsCos`` and ``vmsSin`` (both modes under one gdb: its start and symbol search are
-    most of the test's 28 CPU-seconds, the steps about 2)."""
+    most of the test's 29 CPU-seconds on a 2-core Zen 3 host, the steps about 2)."""
     calls = _vendor_calls("exact", "native", debugger=True)
     assert calls["exact"] == [], calls
     assert {"MKL vmsSqrt", "MKL vmsCos", "MKL vmsSin"} <= set(calls["native"]), calls
