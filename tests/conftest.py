@@ -43,14 +43,21 @@ def paper_train_config(loss: str, **overrides):
     return TrainConfig(**{**training_config(cfg, "qwen3_4b", method), **rollouts, **overrides})
 
 
+def unavailable(reason: str, *, module: bool = False):
+    """A check this machine cannot run (an install, a tool or a CPU feature missing): skipped on a
+    developer's machine, failed in CI (``CI`` set), where everything the suite needs is installed
+    and a skip would hide a failure. ``module``: called while a test module is imported."""
+    if os.environ.get("CI"):
+        pytest.fail(reason)
+    pytest.skip(reason, allow_module_level=module)
+
+
 @pytest.fixture(autouse=True)
 def _package_index(request):
     """Tests marked ``network`` need the package index: skipped when it cannot be reached, except
     in CI (CI=true), where the index is reachable and a skip would hide a failure."""
     if request.node.get_closest_marker("network") and not index_reachable():
-        if os.environ.get("CI"):
-            pytest.fail("the package index is unreachable")
-        pytest.skip("the package index is unreachable")
+        unavailable("the package index is unreachable")
 
 
 _INDEX = {}

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from conftest import unavailable
 from pwopsd.runtime import KERNEL_PATHS, MATMUL_ENV, compile_cache_dir, cpu_flags, pin_kernel_path, provenance
 
 ZEN3 = {"sse2", "avx", "avx2", "fma", "sha_ni"}
@@ -96,7 +97,7 @@ def test_numpy_takes_the_pinned_blas_kernels_and_vector_loops():
     CPU and ``NPY_DISABLE_CPU_FEATURES`` allow; single features such as AVX512F stay reported as
     present when disabled (on an AVX-512 AMD Zen 4), but no AVX-512 target is taken."""
     if "avx2" not in cpu_flags():
-        (pytest.fail if os.environ.get("CI") else pytest.skip)("needs an x86-64 host with AVX2")
+        unavailable("needs an x86-64 host with AVX2")
     code = ("import ctypes, glob, json, os, numpy as np; "
             "from numpy._core._multiarray_umath import __cpu_features__ as f, __cpu_dispatch__ as d; "
             "lib = ctypes.CDLL(glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, 'numpy.libs', "
@@ -181,8 +182,7 @@ def test_a_kernel_compiled_on_one_path_is_not_loaded_on_another(tmp_path):
     order that crashes). On an AVX2-only host both paths compile the same code."""
     if "avx2" not in cpu_flags() or shutil.which("g++") is None and shutil.which("c++") is None:
         # every CI host kind is x86-64 with AVX2 and gcc: there a skip would hide the check
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(
-            "needs an x86-64 host with AVX2 and a C++ compiler (inductor's CPU code)")
+        unavailable("needs an x86-64 host with AVX2 and a C++ compiler (inductor's CPU code)")
     env = {k: v for k, v in os.environ.items() if k not in PIN_NAMES | {"TORCHINDUCTOR_CACHE_DIR"}}
     env["TMPDIR"] = str(tmp_path)  # the caches live here, not in the user's
 

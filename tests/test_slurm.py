@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 import background
-from conftest import REPO, copy_tiny_inputs, job_counts, run_snakemake, screenshot, session_tmp
+from conftest import REPO, copy_tiny_inputs, job_counts, run_snakemake, screenshot, session_tmp, unavailable
 from pwopsd.cluster import MAX_RUNTIME_ENV
 from pwopsd.cost import parse_dry_run
 
@@ -278,9 +278,7 @@ def slurm_part(name: str):
     try:
         return background.result(name)
     except SlurmUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI could not start the test cluster: {exc}")
-        pytest.skip(f"no test cluster on this machine: {exc}")
+        unavailable(f"no test cluster on this machine: {exc}")
 
 
 @pytest.fixture(scope="module")
